@@ -1,0 +1,50 @@
+# Wire: the two commands are `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+
+.PHONY: setup demo test test-long bench java chromium clean lock
+
+setup: $(STAMP)
+
+java:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+	  echo "Java 17 is missing: install it with 'sudo apt-get install -y openjdk-17-jre-headless', then re-run make."; exit 1; fi
+
+$(STAMP): pyproject.toml requirements.lock | java
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[test]'
+	touch $(STAMP)
+
+# Headless Chromium for the real-browser test (Debian's package).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser test"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+demo: setup
+	$(BIN)/wire demo
+
+test: setup chromium
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS).
+test-long: setup chromium
+	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(BIN)/python benchmarks/produce.py
+	$(BIN)/python benchmarks/kernel.py
+
+# Re-pin: resolve the ranges in pyproject.toml and freeze them.
+lock:
+	rm -rf /tmp/wire-lock && $(PYTHON) -m venv /tmp/wire-lock && /tmp/wire-lock/bin/pip install -q '.[test]' && \
+	/tmp/wire-lock/bin/pip freeze --exclude wire-dagster > requirements.lock
+
+clean:
+	rm -rf $(VENV) .wire build *.egg-info

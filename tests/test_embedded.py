@@ -1,0 +1,162 @@
+"""The embedded SeaweedFS server: credentials, ports, reuse, outage and restart, clean stop (a second server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from wire_dagster.embedded import EmbeddedS3, default_home, resolve_s3
+from wire_dagster.errors import ObjectStoreError
+from wire_dagster.objectstore import ObjectStore, S3Config
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A Wire home whose embedded server (home/s3) is stopped at the end of the module."""
+    path = tmp_path_factory.mktemp("home")
+    yield path
+    EmbeddedS3(path / "s3").stop()
+
+
+@pytest.fixture
+def server(home: Path) -> EmbeddedS3:
+    srv = EmbeddedS3(home / "s3")
+    srv.start()  # starts, or reuses the module's running server
+    return srv
+
+
+def _pid_info(srv: EmbeddedS3) -> dict:
+    return json.loads(srv.pid_file.read_text())
+
+
+def test_credentials_file_is_private_and_stable(server: EmbeddedS3) -> None:
+    mode = stat.S_IMODE(server.cred_file.stat().st_mode)
+    assert mode == 0o600
+    first = server.credentials()
+    assert first == EmbeddedS3(server.dir).credentials()
+    cfg = server.config
+    assert cfg is not None and (cfg.access_key, cfg.secret_key) == first
+    assert len(cfg.secret_key) >= 30
+
+
+def test_listens_only_on_loopback(server: EmbeddedS3) -> None:
+    info = _pid_info(server)
+    proc = psutil.Process(info["pid"])
+    listening = [c.laddr for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening, "no listening sockets found"
+    assert {a.ip for a in listening} == {"127.0.0.1"}
+    expected = {p for http in info["ports"].values() for p in (http, http + 10000)}
+    assert {a.port for a in listening} <= expected
+    assert info["endpoint"] == f"http://127.0.0.1:{info['ports']['s3']}"
+
+
+def test_s3_requires_signature(server: EmbeddedS3) -> None:
+    cfg = server.config
+    assert cfg is not None
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        urllib.request.urlopen(f"{cfg.endpoint}/{cfg.bucket}?list-type=2", timeout=5)
+    assert ei.value.code == 403
+
+
+def test_start_twice_reuses_the_process(server: EmbeddedS3) -> None:
+    pid = _pid_info(server)["pid"]
+    t0 = time.monotonic()
+    again = EmbeddedS3(server.dir).start()  # as a second process would: via the pid file
+    assert time.monotonic() - t0 < 5
+    assert _pid_info(server)["pid"] == pid
+    assert again == server.config
+    assert server.running()
+
+
+def test_outage_then_restart_keeps_data(server: EmbeddedS3) -> None:
+    cfg = server.config
+    assert cfg is not None
+    ObjectStore(cfg).put("outage/k", b"survives")
+    pgid = _pid_info(server)["pgid"]
+
+    t0 = time.monotonic()
+    server.stop()
+    stop_s = time.monotonic() - t0
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # nothing left in its process group
+    assert not server.pid_file.exists()
+    assert server.config is None and not server.running()
+
+    down = ObjectStore(cfg, retry_budget=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(ObjectStoreError) as ei:
+        down.get("outage/k")
+    assert time.monotonic() - t0 < 4
+    assert "outage/k" in str(ei.value) and cfg.secret_key not in str(ei.value)
+
+    t0 = time.monotonic()
+    again = server.start()
+    start_s = time.monotonic() - t0
+    assert again == cfg  # same ports, same credentials: the endpoint is stable
+    assert down.get("outage/k") == b"survives"  # the same client works again
+    print(f"weed mini: stop {stop_s:.1f}s, restart {start_s:.1f}s")
+
+
+def test_stale_pid_file_is_ignored(server: EmbeddedS3) -> None:
+    server.stop()
+    server.pid_file.write_text(json.dumps({"pid": 999_999_0, "pgid": 999_999_0, "endpoint": "http://127.0.0.1:1"}))
+    assert server.config is None
+    cfg = server.start()
+    assert ObjectStore(cfg).get("outage/k") == b"survives"
+    assert _pid_info(server)["pid"] != 999_999_0
+
+
+def test_resolve_s3(server: EmbeddedS3, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WIRE_S3_ENDPOINT", "WIRE_S3_ACCESS_KEY", "WIRE_S3_SECRET_KEY", "WIRE_S3_BUCKET", "WIRE_S3_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = resolve_s3(home)  # reuses the running server under home/s3
+    assert cfg == server.config
+    assert os.environ["WIRE_S3_ENDPOINT"] == cfg.endpoint  # exported for child processes
+    assert S3Config.from_env() == cfg
+    assert resolve_s3(home / "elsewhere") == cfg  # WIRE_S3_ENDPOINT now wins
+    monkeypatch.delenv("WIRE_S3_ENDPOINT")
+    with pytest.raises(ObjectStoreError, match="not running"):
+        resolve_s3(home / "elsewhere", start=False)
+
+
+def test_default_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WIRE_HOME", str(tmp_path / "h"))
+    assert default_home() == tmp_path / "h"
+    monkeypatch.delenv("WIRE_HOME")
+    assert default_home().name == ".wire"
+
+
+def test_cli_start_status_stop(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WIRE_S3_")}
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "wire_dagster.embedded", *a, "--home", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    srv = EmbeddedS3(tmp_path / "s3")
+    try:
+        started = run("start")
+        assert started.returncode == 0, started.stderr
+        cfg = srv.config
+        assert cfg is not None and cfg.endpoint in started.stdout
+        assert cfg.secret_key not in started.stdout + started.stderr
+        pgid = _pid_info(srv)["pgid"]
+        status = run("status")
+        assert status.returncode == 0 and cfg.endpoint in status.stdout
+        stopped = run("stop")
+        assert stopped.returncode == 0, stopped.stderr
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
+        assert run("status").returncode == 1
+    finally:
+        srv.stop()

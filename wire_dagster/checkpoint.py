@@ -1,0 +1,336 @@
+"""Checkpoint manifests with two-phase commit in the object store (DESIGN §3).
+
+Per pipeline::
+
+    pipelines/<p>/epochs/<N:010d>/<run-id>.json   prepare: one manifest per attempt
+    pipelines/<p>/epochs/<N:010d>/_COMMITTED      commit: names the winning run (create-if-absent)
+    pipelines/<p>/staging/<run-id>/...            outputs, state, dead letters of an attempt
+    pipelines/<p>/output/<window>/<partition>.parquet
+                                                  published copies for outside readers
+
+Prepare stages every file under the run's prefix, then writes the run's
+manifest; commit creates the marker with `If-None-Match: *`, so exactly one run
+wins an epoch. Readers and restarts trust only epochs whose marker exists, and
+the committed manifest is the desired content of the output: published copies
+that differ from it are rewritten from the staged files it names (Materialize's
+persist sink), never the other way round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import CommitConflict, CommitStateUnknown, CorruptManifest, ObjectExists, ObjectNotFound, ObjectStoreError
+from .faults import fault
+from .objectstore import ObjectStore
+from .spec import check_name
+from .timeutil import now_ms
+
+MANIFEST_VERSION = 1
+
+
+class FileRef(BaseModel):
+    """A staged file a manifest points at, with what it must contain."""
+
+    model_config = ConfigDict(frozen=True)
+    key: str
+    sha256: str
+    rows: int
+    bytes: int
+    epoch: int  # the epoch that wrote it
+
+
+class SegmentRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    next_seq: int
+    max_t: int
+    last_ingest: int
+    sealed_at: int | None = None
+
+
+class Counts(BaseModel):
+    """Conservation, per window: in == counted + late + duplicate + malformed."""
+
+    events_in: int = 0  # records read: valid events + malformed
+    malformed: int = 0
+    duplicate: int = 0
+    counted: dict[str, int] = {}
+    late: dict[str, int] = {}
+
+    def add(self, other: Counts) -> Counts:
+        keys = set(self.counted) | set(other.counted)
+        return Counts(
+            events_in=self.events_in + other.events_in,
+            malformed=self.malformed + other.malformed,
+            duplicate=self.duplicate + other.duplicate,
+            counted={k: self.counted.get(k, 0) + other.counted.get(k, 0) for k in sorted(keys)},
+            late={k: self.late.get(k, 0) + other.late.get(k, 0) for k in sorted(keys)},
+        )
+
+    def balanced(self) -> bool:
+        return all(
+            self.events_in == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed
+            for w in self.counted
+        )
+
+
+class Manifest(BaseModel):
+    """Everything epoch N committed; versioned and validated on load."""
+
+    model_config = ConfigDict(frozen=True)
+    version: Literal[1] = MANIFEST_VERSION
+    pipeline: str
+    epoch: int
+    previous: int | None
+    run_id: str
+    kind: Literal["process", "rewind", "backfill"] = "process"
+    rewound_to: int | None = None
+    fingerprint: str
+    config: dict
+    remap: dict[str, int]
+    segments: dict[str, SegmentRecord]
+    segment_watermarks: dict[str, int]
+    decisions: dict[str, str]
+    watermark: int
+    prev_watermark: int
+    chunks: dict[str, list[int]] = {}  # segment -> [first, last] sequence read in this epoch
+    outputs: dict[str, dict[str, FileRef]] = {}  # window -> partition start (ms, as str) -> full content
+    changed: dict[str, list[int]] = {}  # window -> partitions whose content changed in this epoch
+    state: dict[str, FileRef] = {}
+    ids: FileRef | None = None
+    dead_letters: list[FileRef] = []  # every committed epoch's late/duplicate letters, oldest first
+    counts: Counts = Counts()  # this epoch
+    totals: Counts = Counts()  # since epoch 0 (on this timeline)
+    replay: list[dict] = []  # remaps/decisions still to replay after a rewind, oldest first
+    created_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1).encode()
+
+    def files(self) -> list[FileRef]:
+        out = [f for parts in self.outputs.values() for f in parts.values()]
+        out += list(self.state.values()) + list(self.dead_letters)
+        if self.ids:
+            out.append(self.ids)
+        return out
+
+
+@dataclass(frozen=True)
+class Marker:
+    run_id: str
+    manifest: str
+    sha256: str
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+class Checkpoints:
+    """The commit protocol of one pipeline over an object store."""
+
+    def __init__(self, store: ObjectStore, pipeline: str):
+        self.store = store
+        self.pipeline = check_name(pipeline, "pipeline")
+        self.root = f"pipelines/{pipeline}/"
+
+    # -- keys ---------------------------------------------------------------
+    def epoch_prefix(self, n: int) -> str:
+        return f"{self.root}epochs/{n:010d}/"
+
+    def marker_key(self, n: int) -> str:
+        return self.epoch_prefix(n) + "_COMMITTED"
+
+    def manifest_key(self, n: int, run_id: str) -> str:
+        return self.epoch_prefix(n) + f"{check_name(run_id, 'run id')}.json"
+
+    def staging_prefix(self, run_id: str) -> str:
+        return f"{self.root}staging/{check_name(run_id, 'run id')}/"
+
+    def published_key(self, window: str, partition: int) -> str:
+        from .timeutil import iso
+
+        return f"{self.root}output/{window}/{iso(partition).replace(':', '')}.parquet"
+
+    # -- reading committed state ---------------------------------------------
+    def epochs(self) -> list[int]:
+        """Epoch numbers that have a prefix (committed or not), ascending."""
+        prefix = f"{self.root}epochs/"
+        return sorted(int(p[len(prefix) :].rstrip("/")) for p in self.store.list_prefixes(prefix))
+
+    def marker(self, n: int) -> Marker | None:
+        try:
+            d = json.loads(self.store.get(self.marker_key(n)))
+        except ObjectNotFound:
+            return None
+        return Marker(d["run_id"], d["manifest"], d["sha256"])
+
+    def committed(self) -> list[int]:
+        return [n for n in self.epochs() if self.marker(n) is not None]
+
+    def load(self, n: int) -> Manifest:
+        """The committed manifest of epoch n (verified against its marker)."""
+        m = self.marker(n)
+        if m is None:
+            raise ObjectNotFound(self.marker_key(n))
+        data = self.store.get(m.manifest)
+        if sha256(data) != m.sha256:
+            raise CorruptManifest(f"manifest of epoch {n} does not match its commit marker checksum")
+        try:
+            return Manifest.model_validate_json(data)
+        except ValidationError as e:
+            raise CorruptManifest(f"manifest of epoch {n} is invalid: {e.errors()[0]['msg']}") from None
+
+    def latest(self) -> Manifest | None:
+        """The last committed epoch's manifest; uncommitted epochs are ignored."""
+        for n in reversed(self.epochs()):
+            if self.marker(n) is not None:
+                return self.load(n)
+        return None
+
+    # -- prepare and commit ----------------------------------------------------
+    def stage(self, run_id: str, rel: str, data: bytes, rows: int, epoch: int) -> FileRef:
+        key = self.staging_prefix(run_id) + rel
+        self.store.put(key, data)
+        return FileRef(key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch)
+
+    def prepare(self, manifest: Manifest) -> str:
+        key = self.manifest_key(manifest.epoch, manifest.run_id)
+        self.store.put(key, manifest.to_bytes())
+        return key
+
+    def commit(self, manifest: Manifest) -> None:
+        """Create the commit marker. Idempotent for the run that won; CommitConflict for a loser.
+
+        A lost answer is resolved by reading the marker back (CommitStateUnknown only
+        if the store stays unreachable).
+        """
+        key = self.manifest_key(manifest.epoch, manifest.run_id)
+        body = json.dumps({"run_id": manifest.run_id, "manifest": key, "sha256": sha256(manifest.to_bytes())}).encode()
+        fault("before-marker")
+        try:
+            self.store.create_if_absent(self.marker_key(manifest.epoch), body)
+        except ObjectExists:
+            pass
+        except ObjectStoreError as e:
+            try:
+                won = self.marker(manifest.epoch)
+            except ObjectStoreError:
+                raise CommitStateUnknown(f"epoch {manifest.epoch}: commit marker state unknown ({e})") from None
+            if won is None:
+                raise CommitStateUnknown(f"epoch {manifest.epoch}: commit marker not written ({e})") from None
+        won = self.marker(manifest.epoch)
+        if won is None or won.run_id != manifest.run_id:
+            raise CommitConflict(
+                f"epoch {manifest.epoch} of {self.pipeline} was committed by run {won.run_id if won else '?'}; this run aborts"
+            )
+        fault("after-marker")
+
+    def abort(self, run_id: str) -> int:
+        """Collect a losing or failed attempt's staging (never a committed run's)."""
+        for n in self.epochs():
+            m = self.marker(n)
+            if m and m.run_id == run_id:
+                return 0
+        return self.store.delete_many(i.key for i in self.store.list(self.staging_prefix(run_id)))
+
+    # -- publishing and self-correction --------------------------------------
+    def publish(self, manifest: Manifest, windows_partitions: dict[str, list[int]] | None = None) -> list[str]:
+        """Make the published copies equal to the manifest (all, or the given partitions).
+
+        Compares checksums and rewrites only what differs; returns the keys it wrote.
+        Refuses to publish an epoch that is no longer the latest committed one.
+        """
+        latest = self.latest()
+        if latest is None or latest.epoch != manifest.epoch:
+            return []
+        fixed = []
+        for window, parts in manifest.outputs.items():
+            wanted = windows_partitions.get(window) if windows_partitions is not None else None
+            for p, ref in parts.items():
+                if wanted is not None and int(p) not in wanted:
+                    continue
+                pkey = self.published_key(window, int(p))
+                info = self.store.head(pkey)
+                if info is not None and info.size == ref.bytes:
+                    current = self.store.get(pkey)
+                    if sha256(current) == ref.sha256:
+                        continue
+                data = self.store.get(ref.key)
+                if sha256(data) != ref.sha256:
+                    raise CorruptManifest(f"staged file {ref.key} no longer matches its committed checksum")
+                fault("during-publish")
+                self.store.put(pkey, data)
+                fixed.append(pkey)
+        # Published files no committed manifest names (a zombie, a hand-made file) are removed.
+        names = {self.published_key(w, int(p)) for w, parts in manifest.outputs.items() for p in parts}
+        if windows_partitions is None:
+            stray = [i.key for i in self.store.list(f"{self.root}output/") if i.key not in names]
+            self.store.delete_many(stray)
+            fixed += stray
+        return fixed
+
+    def verify(self, manifest: Manifest) -> list[str]:
+        """Staged files of a committed manifest that are missing or altered (should be none)."""
+        bad = []
+        for ref in manifest.files():
+            try:
+                if sha256(self.store.get(ref.key)) != ref.sha256:
+                    bad.append(ref.key)
+            except ObjectNotFound:
+                bad.append(ref.key)
+        return bad
+
+    # -- garbage collection ---------------------------------------------------
+    def gc(self, keep: int = 5, grace_s: float = 600.0, current_run: str | None = None) -> dict[str, int]:
+        """Keep the last `keep` committed epochs; never delete a file a kept manifest names.
+
+        Deletes: epochs older than the kept ones (manifests, markers last); staged files
+        of committed runs that no kept manifest names; staging of runs that never
+        committed once older than `grace_s` (younger ones may still be preparing).
+        """
+        committed = self.committed()
+        kept = committed[-keep:] if keep > 0 else committed
+        manifests = [self.load(n) for n in kept]
+        referenced = {f.key for m in manifests for f in m.files()}
+        committed_runs = {m.run_id for m in (self.marker(n) for n in committed) if m}
+        deleted_epochs = 0
+        for n in self.epochs():
+            if kept and (n < kept[0] or (n < kept[-1] and n not in committed)):
+                keys = [i.key for i in self.store.list(self.epoch_prefix(n))]
+                keys.sort(key=lambda k: k.endswith("_COMMITTED"))  # the marker goes last
+                for k in keys:
+                    fault("during-gc")
+                    self.store.delete(k)
+                deleted_epochs += 1
+        cutoff = now_ms() - int(grace_s * 1000)
+        deleted_files = 0
+        for info in self.store.list(f"{self.root}staging/"):
+            run = info.key[len(f"{self.root}staging/") :].split("/", 1)[0]
+            if info.key in referenced or run == current_run:
+                continue
+            if run in committed_runs or info.last_modified_ms < cutoff:
+                self.store.delete(info.key)
+                deleted_files += 1
+        return {"epochs": deleted_epochs, "files": deleted_files}
+
+
+def new_run_id() -> str:
+    import uuid
+
+    return time.strftime("%Y%m%dt%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:12]

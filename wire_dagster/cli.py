@@ -1,0 +1,341 @@
+"""`wire`: the command line (DESIGN §4).
+
+Exit codes: 0 success, 2 bad input or configuration (one line on stderr),
+1 anything else (one line on stderr). Secrets never reach the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import WireError, WireInputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark.")
+s3_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
+app.add_typer(s3_app, name="s3")
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class Fmt(str, Enum):
+    table = "table"
+    jsonl = "jsonl"
+    parquet = "parquet"
+
+
+PIPELINE = typer.Option(..., "--pipeline", "-p", help="Pipeline name (in WIRE_PIPELINES) or path to its YAML file.")
+
+
+def project_pipelines() -> Path:
+    """WIRE_PIPELINES, else ./pipelines, else the project's own example pipelines."""
+    env = os.environ.get("WIRE_PIPELINES")
+    if env:
+        return Path(env)
+    if Path("pipelines").is_dir():
+        return Path("pipelines")
+    return Path(__file__).resolve().parent.parent / "pipelines"
+
+
+def _spec(name: str):
+    from .spec import find_pipeline
+
+    return find_pipeline(name, project_pipelines())
+
+
+def _store():
+    from .embedded import resolve_s3
+    from .objectstore import ObjectStore
+
+    st = ObjectStore(resolve_s3())
+    st.ensure_bucket()
+    return st
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+@app.command()
+def produce(
+    pipeline: str = PIPELINE,
+    file: Path = typer.Option(..., "--file", "-f", help="JSONL or Parquet file of events."),
+    segment: str = typer.Option("0", "--segment", "-s", help="Segment to append to ([a-z0-9_-])."),
+    chunk_rows: int = typer.Option(0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."),
+):
+    """Append the events of FILE to the pipeline's stream as chunks."""
+    from .spec import check_name
+    from .streams import produce as do_produce
+
+    spec = _spec(pipeline)
+    check_name(segment, "--segment")
+    if chunk_rows < 0:
+        raise WireInputError("--chunk-rows: must be > 0")
+    store = _store()
+    with _progress() as prog:
+        task = prog.add_task(f"produce {file.name}", total=None)
+
+        def cb(done: int, total: int) -> None:
+            prog.update(task, completed=done, total=total)
+
+        rep = do_produce(store, spec, file, segment=segment, chunk_rows=chunk_rows or None, progress=cb)
+    out.print(
+        f"appended {rep.events} events in {len(rep.chunks)} chunks to {rep.stream}/{rep.segment}"
+        + (f" (chunks {rep.chunks[0]}..{rep.chunks[-1]})" if rep.chunks else "")
+        + (f"; {rep.malformed} malformed records went to the dead letters" if rep.malformed else "")
+    )
+
+
+@app.command()
+def close(pipeline: str = PIPELINE):
+    """Seal every segment of the pipeline's stream (bounded data is a stream that closes)."""
+    from .streams import close_stream
+
+    spec = _spec(pipeline)
+    sealed = close_stream(_store(), spec)
+    out.print(f"sealed {len(sealed)} segments of {spec.stream}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
+
+
+@app.command()
+def process(
+    pipeline: str = PIPELINE,
+    max_epochs: int = typer.Option(100, help="Stop after this many epochs."),
+):
+    """Commit the pending epochs directly (what the Dagster assets call), without Dagster."""
+    from .engine import process as do_process
+    from .timeutil import iso
+
+    spec = _spec(pipeline)
+    store = _store()
+    res = do_process(store, spec, max_epochs=max_epochs, progress=lambda m: err.print(m) if err.is_terminal else None)
+    m = res.manifest
+    if res.repaired:
+        out.print(f"self-correction rewrote {len(res.repaired)} published files: " + ", ".join(res.repaired))
+    if not res.committed:
+        out.print(f"nothing new; last epoch {m.epoch if m else '-'}")
+    else:
+        out.print(f"committed epochs {res.committed[0]}..{res.committed[-1]}; W = {iso(m.watermark)}; {res.pending} chunks pending")
+
+
+@app.command()
+def tick(pipeline: str = PIPELINE):
+    """One evaluation of the pipeline's Dagster sensor, then every requested run to its commit."""
+    spec = _spec(pipeline)
+    _store()
+    runs = _tick(spec)
+    if not runs:
+        out.print("sensor requested no run")
+    for r in runs:
+        out.print(f"run {r['run_key']}: {r['status']}")
+    if any(r["status"] != "SUCCESS" for r in runs):
+        raise WireError("some runs failed; see the messages above")
+
+
+def _tick(spec) -> list[dict]:
+    # The CLI entry point is one of the two places allowed to join the core and the Dagster layer.
+    from sensors.tick import tick as do_tick
+
+    return do_tick(spec, pipelines=project_pipelines(), console=err)
+
+
+def _results_table(spec, window: str):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .engine import read_results
+
+    t = read_results(_store(), spec, window)
+    for c in ("window_start", "window_end"):
+        i = t.schema.get_field_index(c)
+        t = t.set_column(i, c, pc.cast(t[c], pa.timestamp("ms", tz="UTC")))
+    return t
+
+
+def _jsonable(v):
+    from datetime import datetime
+
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%dT%H:%M:%S.") + f"{v.microsecond // 1000:03d}Z"
+    return v
+
+
+def _print_rows(rows: list[dict], cols: list[str], fmt: Fmt, title: str) -> None:
+    if fmt == Fmt.jsonl:
+        for r in rows:
+            sys.stdout.write(json.dumps({c: _jsonable(r.get(c)) for c in cols}) + "\n")
+        return
+    tab = Table(title=title)
+    for c in cols:
+        tab.add_column(c)
+    for r in rows:
+        tab.add_row(*["" if r.get(c) is None else str(_jsonable(r.get(c))) for c in cols])
+    out.print(tab)
+
+
+@app.command()
+def read(
+    pipeline: str = PIPELINE,
+    window: str = typer.Option(..., "--window", "-w", help="Window name from the pipeline file."),
+    format: Fmt = typer.Option(Fmt.table, "--format"),
+    output: Path = typer.Option(None, "--output", "-o", help="With --format parquet: file to write (default: stdout)."),
+):
+    """The committed results of a window: key, window_start, window_end, one column per aggregate."""
+    import pyarrow.parquet as pq
+
+    spec = _spec(pipeline)
+    spec.window(window)
+    t = _results_table(spec, window)
+    if format == Fmt.parquet:
+        if output is None and sys.stdout.isatty():
+            raise WireInputError("--format parquet: give --output FILE or redirect stdout to a file")
+        pq.write_table(t, str(output) if output else sys.stdout.buffer)
+        return
+    _print_rows(t.to_pylist(), t.column_names, format, f"{spec.name}/{window}")
+
+
+@app.command()
+def dlq(pipeline: str = PIPELINE, format: Fmt = typer.Option(Fmt.table, "--format")):
+    """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position."""
+    from .engine import read_dead_letters
+
+    spec = _spec(pipeline)
+    if format == Fmt.parquet:
+        raise WireInputError("--format: dlq prints table or jsonl")
+    rows = read_dead_letters(_store(), spec)
+    _print_rows(rows, ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"], format, f"{spec.name} dead letters")
+
+
+@app.command()
+def status(
+    pipeline: str = PIPELINE,
+    as_json: bool = typer.Option(False, "--json"),
+    plot: Path = typer.Option(None, "--plot", help="Write a watermark-lag chart (PNG) here."),
+):
+    """Watermarks per segment and stream, committed epochs, partitions ready/final, dead letters."""
+    from .status import pipeline_status, plot_watermarks
+
+    spec = _spec(pipeline)
+    store = _store()
+    st = pipeline_status(store, spec)
+    if plot:
+        plot_watermarks(store, spec, plot)
+    if as_json:
+        sys.stdout.write(json.dumps(st, indent=1) + "\n")
+        return
+    tab = Table(title=f"{spec.name}: stream {spec.stream}")
+    for c in ("segment", "chunks", "read up to", "max event time", "watermark", "decision"):
+        tab.add_column(c)
+    for s in st["segments"]:
+        tab.add_row(s["segment"], str(s["chunks"]), str(s["next_seq"]), s["max_event_time"], s["watermark"], s["decision"])
+    out.print(tab)
+    out.print(f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch']}   epochs kept: {st['epochs_kept']}")
+    out.print(f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}   "
+              f"pending chunks: {st['pending_chunks']}")
+    out.print(f"counts: {st['totals']}")
+    out.print(f"dead letters: {st['dead_letters']}")
+    if plot:
+        out.print(f"watermark chart written to {plot}")
+
+
+@app.command()
+def rewind(pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", help="Committed epoch to make current again.")):
+    """Make epoch N current again; the next runs re-process from there."""
+    from .engine import rewind as do_rewind
+    from .timeutil import iso
+
+    spec = _spec(pipeline)
+    m = do_rewind(_store(), spec, epoch)
+    out.print(f"epoch {m.epoch} now points at epoch {epoch}: W = {iso(m.watermark)}, {len(m.replay)} epochs to replay")
+
+
+@app.command()
+def gc(pipeline: str = PIPELINE, keep: int = typer.Option(10, help="Committed epochs to keep."), grace: float = typer.Option(600, help="Seconds before uncommitted staging is collected.")):
+    """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names)."""
+    from .checkpoint import Checkpoints
+
+    spec = _spec(pipeline)
+    if keep < 1:
+        raise WireInputError("--keep: must be >= 1")
+    res = Checkpoints(_store(), spec.name).gc(keep=keep, grace_s=grace)
+    out.print(f"deleted {res['epochs']} epochs and {res['files']} files")
+
+
+@app.command()
+def dev(port: int = typer.Option(3000, help="Dagster webserver port.")):
+    """The embedded S3 server plus `dagster dev` with the example pipelines (Ctrl-C stops both)."""
+    from .devstack import run_dev
+
+    raise typer.Exit(run_dev(port=port, pipelines=project_pipelines()))
+
+
+@app.command()
+def demo():
+    """The main job end to end on the embedded default."""
+    from .demo import run_demo
+
+    run_demo(console=out, pipelines=project_pipelines(), tick=_tick)
+
+
+@s3_app.command("start")
+def s3_start():
+    """Start (or reuse) the embedded S3 server."""
+    from .embedded import default_home, EmbeddedS3
+
+    cfg = EmbeddedS3(default_home() / "s3").start()
+    out.print(f"embedded S3 at {cfg.endpoint} (bucket {cfg.bucket})")
+
+
+@s3_app.command("stop")
+def s3_stop():
+    """Stop the embedded S3 server (by its process group)."""
+    from .embedded import default_home, EmbeddedS3
+
+    EmbeddedS3(default_home() / "s3").stop()
+    out.print("embedded S3 stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except WireInputError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except (typer.Exit, SystemExit) as e:
+        code = getattr(e, "exit_code", None)
+        return int(code if code is not None else getattr(e, "code", 0) or 0)
+    except typer.Abort:
+        return 1
+    except Exception as e:  # click usage errors carry exit code 2
+        import click
+
+        if isinstance(e, click.exceptions.UsageError):
+            err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+            return 2
+        if isinstance(e, click.exceptions.ClickException):
+            err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+            return 1
+        msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        err.print(f"error: {e.__class__.__name__}: {msg}", markup=False, highlight=False, soft_wrap=True)
+        if os.environ.get("WIRE_DEBUG"):
+            raise
+        return 1
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

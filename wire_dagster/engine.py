@@ -1,0 +1,383 @@
+"""Running a pipeline: one epoch = read → watermark → Spark kernel → stage → prepare → commit → publish.
+
+Data flows one way (DESIGN §5): stream chunks → reader (offsets, watermark) →
+Spark kernel (windows, lateness, state) → staging → manifest → commit marker →
+committed results → readers. Each function here is what a Dagster asset, the
+CLI and the tests call; none of them imports Dagster.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
+from .errors import CommitConflict, WireInputError
+from .faults import fault
+from .kernel import DEAD_LETTER, read_events, run_epoch
+from .objectstore import ObjectStore
+from .spec import Pipeline
+from .streams import ChunkMeta, read_stream
+from .timeutil import NEG_INF, iso, now_ms
+from .watermark import SegmentClock, advance, select_chunks
+
+ROW_ID = ["key", "window_start", "window_end"]
+
+
+@dataclass
+class Outcome:
+    """What one call to `process` did."""
+
+    manifest: Manifest | None  # the latest committed epoch after the call
+    committed: list[int] = field(default_factory=list)  # epochs this call committed
+    repaired: list[str] = field(default_factory=list)  # published files self-correction rewrote
+    pending: int = 0  # chunks still unread after the call
+
+
+def _read_table(store: ObjectStore, ref: FileRef | None) -> pa.Table | None:
+    if ref is None:
+        return None
+    return pq.read_table(io.BytesIO(store.get(ref.key)))
+
+
+def partition_starts(spec: Pipeline, ends: pa.Array) -> pa.Array:
+    """Partition of each window result: the one holding `end - 1` (DESIGN §1)."""
+    off = pc.subtract(pc.subtract(ends, 1), spec.start)
+    return pc.add(pc.multiply(pc.floor(pc.divide(pc.cast(off, pa.float64()), spec.partition)).cast(pa.int64()), spec.partition), spec.start)
+
+
+def _row_ids(t: pa.Table) -> pa.Array:
+    return pc.binary_join_element_wise(
+        pc.fill_null(t["key"], "\x00"), pc.cast(t["window_start"], pa.string()), pc.cast(t["window_end"], pa.string()), "|"
+    )
+
+
+def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
+    """The new content of a partition: old rows not changed, plus updates; retractions removed."""
+    upd = changes.filter(pc.invert(changes["retract"])).drop_columns(["retract"])
+    if old is not None and old.num_rows:
+        keep = old.filter(pc.invert(pc.is_in(_row_ids(old), value_set=_row_ids(changes))))
+        upd = pa.concat_tables([keep.cast(upd.schema), upd])
+    return upd.sort_by([("key", "ascending"), ("window_start", "ascending"), ("window_end", "ascending")])
+
+
+def _taken_for_target(views, target: dict[str, int]) -> dict[str, list[ChunkMeta]]:
+    out = {}
+    for s, v in views.items():
+        out[s] = [c for c in v.chunks if c.seq < target.get(s, 0)]
+        if out[s] and out[s][-1].seq != target.get(s, 0) - 1:
+            raise WireInputError(f"replay of segment {s}: chunks up to {target[s]} are not all readable")
+    return out
+
+
+def process(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark=None,
+    *,
+    max_epochs: int = 1,
+    run_id: str | None = None,
+    now: int | None = None,
+    keep_epochs: int = 10,
+    progress: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Commit up to `max_epochs` new epochs of the pipeline (none if nothing changed).
+
+    Restart-safe: it starts from the last committed epoch, repairs published output
+    that differs from it, and ignores every uncommitted attempt.
+    """
+    cp = Checkpoints(store, spec.name)
+    prev = cp.latest()
+    out = Outcome(manifest=prev)
+    if prev is not None:
+        out.repaired = cp.publish(prev)
+    for _ in range(max_epochs):
+        m = _one_epoch(store, cp, spec, spark, prev, run_id or new_run_id(), now, progress)
+        run_id = None
+        if m is None:
+            break
+        out.committed.append(m.epoch)
+        out.manifest = prev = m
+        cp.publish(m, {w: ps for w, ps in m.changed.items()})
+        cp.gc(keep=keep_epochs, current_run=m.run_id)
+    offsets = prev.remap if prev else {}
+    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
+    return out
+
+
+def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | None, run_id: str, now, progress) -> Manifest | None:
+    offsets = prev.remap if prev else {}
+    views = read_stream(store, spec.stream, offsets)
+    replay = list(prev.replay) if prev else []
+    decisions = None
+    if replay:
+        taken = _taken_for_target(views, replay[0]["remap"])
+        decisions = replay[0]["decisions"]
+    else:
+        taken = select_chunks(views, offsets, spec.max_chunks_per_epoch)
+    prev_segs = {s: SegmentClock(**r.model_dump()) for s, r in (prev.segments.items() if prev else [])}
+    w_prev = prev.watermark if prev else NEG_INF
+    clock = advance(spec, prev_segs, w_prev, views, taken, now if now is not None else now_ms(), decisions)
+    n_chunks = sum(len(v) for v in taken.values())
+    if n_chunks == 0 and not replay and clock.watermark == w_prev and clock.segments == prev_segs:
+        return None
+    epoch = prev.epoch + 1 if prev else 1
+    chunks = [c for s in sorted(taken) for c in taken[s]]
+    if progress:
+        progress(f"epoch {epoch}: {n_chunks} chunks, W {iso(w_prev)} -> {iso(clock.watermark)}")
+
+    if spark is None:
+        from .sparksession import get_spark
+
+        spark = get_spark()
+    state = {w.name: _read_table(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
+    ids = _read_table(store, prev.ids) if prev else None
+    events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
+    res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark)
+
+    fault("before-staging")
+    outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
+    changed: dict[str, list[int]] = {}
+    staged = 0
+    for w in spec.windows:
+        r = res.windows[w.name]
+        parts = outputs.setdefault(w.name, {})
+        changed[w.name] = []
+        if r.outputs.num_rows:
+            pstart = partition_starts(spec, r.outputs["window_end"])
+            for p in sorted(pc.unique(pstart).to_pylist()):
+                rows = r.outputs.filter(pc.equal(pstart, p))
+                old = _read_table(store, parts.get(str(p)))
+                new = apply_changes(old, rows)
+                ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(new), new.num_rows, epoch)
+                staged += 1
+                if staged == 1:
+                    fault("mid-staging")
+                if old is None or parts[str(p)].sha256 != ref.sha256:
+                    changed[w.name].append(p)
+                parts[str(p)] = ref
+    # partitions that became ready in this epoch are "changed" too, even if empty
+    for w in spec.windows:
+        for p in ready_between(spec, w_prev, clock.watermark, clock, prev):
+            if p not in changed[w.name]:
+                changed[w.name].append(p)
+        changed[w.name].sort()
+    fault("after-staging")
+    st_refs = {}
+    for w in spec.windows:
+        t = res.windows[w.name].state
+        st_refs[w.name] = cp.stage(run_id, f"state/{w.name}.parquet", parquet_bytes(t), t.num_rows, epoch)
+        fault("during-state-snapshot")
+    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids), res.ids.num_rows, epoch) if res.ids is not None else None
+    dls = list(prev.dead_letters) if prev else []
+    if res.dead_letters.num_rows:
+        fault("during-dead-letters")
+        t = res.dead_letters.append_column("epoch", pa.array([epoch] * res.dead_letters.num_rows, pa.int64()))
+        dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
+    malformed = sum(c.malformed for c in chunks)
+    counts = Counts(
+        events_in=res.events + malformed,
+        malformed=malformed,
+        duplicate=res.duplicate,
+        counted={w: r.counted for w, r in res.windows.items()},
+        late={w: r.late for w, r in res.windows.items()},
+    )
+    manifest = Manifest(
+        pipeline=spec.name,
+        epoch=epoch,
+        previous=prev.epoch if prev else None,
+        run_id=run_id,
+        kind="backfill" if False else "process",
+        fingerprint=spec.fingerprint(),
+        config=spec.model_dump(mode="json", exclude={"source"}),
+        remap=clock.remap,
+        segments={s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
+        segment_watermarks=clock.segment_watermarks,
+        decisions=clock.decisions,
+        watermark=clock.watermark,
+        prev_watermark=w_prev,
+        chunks={s: [v[0].seq, v[-1].seq] for s, v in taken.items() if v},
+        outputs=outputs,
+        changed={w: ps for w, ps in changed.items() if ps},
+        state=st_refs,
+        ids=ids_ref,
+        dead_letters=dls,
+        counts=counts,
+        totals=(prev.totals if prev else Counts()).add(counts),
+        replay=replay[1:],
+        created_ms=now_ms(),
+    )
+    cp.prepare(manifest)
+    fault("after-manifest")
+    try:
+        cp.commit(manifest)
+    except CommitConflict:
+        cp.abort(run_id)
+        raise
+    return manifest
+
+
+def ready_between(spec: Pipeline, w_prev: int, w_new: int, clock, prev: Manifest | None) -> list[int]:
+    """Partitions with data that became ready (`W >= p_end`) between two watermarks.
+
+    Bounded by the data read so far: an infinite watermark (closed stream) makes
+    ready only partitions up to the last event's windows.
+    """
+    hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
+    if hi_t <= NEG_INF:
+        return []
+    last_p = spec.start + ((hi_t + spec.max_extent - 1 - spec.start) // spec.partition) * spec.partition
+    lo = max(w_prev, spec.start)
+    first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition - spec.partition
+    out = []
+    p = max(first_p, spec.start)
+    while p <= last_p:
+        if w_prev < p + spec.partition <= w_new:
+            out.append(p)
+        p += spec.partition
+    return out
+
+
+def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = None) -> Manifest:
+    """Make epoch N current again: a new epoch pointing at N's offsets, watermark, state and outputs.
+
+    The epochs after N are recorded as a replay, so the next runs re-read the same
+    chunks in the same epochs and, with the same inputs, commit the same results.
+    """
+    cp = Checkpoints(store, spec.name)
+    cur = cp.latest()
+    if cur is None:
+        raise WireInputError(f"--epoch: pipeline {spec.name!r} has no committed epoch yet")
+    if epoch < 0 or epoch > cur.epoch:
+        raise WireInputError(f"--epoch: {epoch} is not a committed epoch (last is {cur.epoch})")
+    if epoch == 0:
+        target = None
+    else:
+        if cp.marker(epoch) is None:
+            raise WireInputError(f"--epoch: epoch {epoch} is not kept any more (garbage-collected); choose a later one")
+        target = cp.load(epoch)
+        bad = cp.verify(target)
+        if bad:
+            raise WireInputError(f"--epoch: epoch {epoch} cannot be restored, {len(bad)} of its files are gone")
+    replay = []
+    for n in range(epoch + 1, cur.epoch + 1):
+        if cp.marker(n) is None:
+            continue
+        m = cp.load(n)
+        if m.kind == "rewind":
+            replay = []  # an earlier rewind: its own timeline is what we replay
+            continue
+        replay.append({"remap": m.remap, "decisions": m.decisions})
+    run_id = run_id or new_run_id()
+    fault("during-rewind")
+    base = dict(
+        pipeline=spec.name,
+        epoch=cur.epoch + 1,
+        previous=cur.epoch,
+        run_id=run_id,
+        kind="rewind",
+        rewound_to=epoch,
+        fingerprint=spec.fingerprint(),
+        config=spec.model_dump(mode="json", exclude={"source"}),
+        created_ms=now_ms(),
+        replay=replay,
+    )
+    if target is None:
+        m = Manifest(**base, remap={}, segments={}, segment_watermarks={}, decisions={}, watermark=NEG_INF, prev_watermark=cur.watermark)
+    else:
+        m = Manifest(
+            **base,
+            remap=target.remap,
+            segments=target.segments,
+            segment_watermarks=target.segment_watermarks,
+            decisions=target.decisions,
+            watermark=target.watermark,
+            prev_watermark=cur.watermark,
+            outputs=target.outputs,
+            state=target.state,
+            ids=target.ids,
+            dead_letters=target.dead_letters,
+            totals=target.totals,
+        )
+    changed = {}
+    for w in spec.windows:
+        a = cur.outputs.get(w.name, {})
+        b = m.outputs.get(w.name, {})
+        diff = sorted(int(p) for p in set(a) | set(b) if (a.get(p).sha256 if p in a else None) != (b.get(p).sha256 if p in b else None))
+        if diff:
+            changed[w.name] = diff
+    m = m.model_copy(update={"changed": changed})
+    cp.prepare(m)
+    cp.commit(m)
+    cp.publish(m)
+    return m
+
+
+# ---------------------------------------------------------------------------
+# Readers: committed results only, by following the latest committed manifest.
+
+
+def result_files(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> list[FileRef]:
+    """The staged files holding the committed content of a window (optionally some partitions)."""
+    spec.window(window)
+    m = Checkpoints(store, spec.name).latest()
+    if m is None:
+        return []
+    parts = m.outputs.get(window, {})
+    keys = sorted(parts, key=int)
+    if partitions is not None:
+        keys = [k for k in keys if int(k) in set(partitions)]
+    return [parts[k] for k in keys]
+
+
+def read_results(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> pa.Table:
+    """The committed results of a window: the latest version of each window, retractions applied."""
+    from .aggregates import output_ddl
+
+    refs = result_files(store, spec, window, partitions)
+    tables = [_read_table(store, r) for r in refs]
+    tables = [t for t in tables if t is not None and t.num_rows]
+    if not tables:
+        return _empty_output(spec, window)
+    del output_ddl
+    return pa.concat_tables(tables).sort_by([("key", "ascending"), ("window_start", "ascending")])
+
+
+def _empty_output(spec: Pipeline, window: str) -> pa.Table:
+    w = spec.window(window)
+    fields = [pa.field("key", pa.string()), pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
+    for a in w.aggregates:
+        fields.append(pa.field(a.name, pa.int64() if a.func in ("count", "count_distinct") else pa.float64()))
+    return pa.schema(fields).empty_table()
+
+
+def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
+    """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
+    from .streams import iter_dead_letters
+
+    out = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
+    m = Checkpoints(store, spec.name).latest()
+    for ref in m.dead_letters if m else []:
+        t = _read_table(store, ref)
+        for r in t.to_pylist():
+            out.append(
+                {
+                    "reason": r["reason"],
+                    "record": r["event"],
+                    "stream": spec.stream,
+                    "segment": r["segment"],
+                    "chunk": r["chunk"],
+                    "row": r["row"],
+                    "window": r["window"],
+                    "epoch": r["epoch"],
+                }
+            )
+    return out
+
+
+assert DEAD_LETTER  # re-exported for readers

@@ -1,0 +1,368 @@
+"""The Spark window kernel: one epoch of event-time processing with DataFrames.
+
+Given the chunks of epoch N, the window state and id memory after N-1, and the
+watermarks `W_{N-1}` and `W_N`, it computes (DESIGN §1):
+
+- per window: the results that fire or re-fire in N (``W_{N-1} < end <= W_N``,
+  or ``end <= W_N`` and changed in N), the retractions of fired sessions that
+  merged away, and the new state (windows with ``end + lateness > W_N``);
+- dead letters: ``late`` (per window: the event counts toward none of its
+  windows, i.e. every one has ``end + lateness <= W_{N-1}``) and ``duplicate``;
+- the counts that must balance: ``in = counted + late + duplicate`` per window.
+
+Events are read from the object store on the executors (``mapInArrow`` with
+pyarrow's S3 filesystem); only results, state and dead letters — bounded by
+window state, not by input — come back to the driver, as Arrow tables.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from .aggregates import SCALE, output_ddl, partial_columns, source_column, state_ddl
+from .spec import Aggregate, Pipeline, WindowSpec, field_column
+from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
+
+# Columns every event row carries in Spark besides the chunk's own.
+SEG, SEQ = "_seg", "_seq"
+
+_FS_CACHE: dict = {}
+
+
+def _fs(opts: dict):
+    from .objectstore import arrow_fs_from_options
+
+    k = tuple(sorted(opts.items()))
+    if k not in _FS_CACHE:
+        _FS_CACHE[k] = arrow_fs_from_options(opts)
+    return _FS_CACHE[k]
+
+
+def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]]):
+    """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
+    read in parallel on the executors with pyarrow's S3 filesystem."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    out_schema = pa.schema(list(schema) + [pa.field(n, t) for n, t in extra])
+    extra_names = [n for n, _ in extra]
+
+    def read(batches):
+        fs = _fs(fs_options)
+        for b in batches:
+            for row in b.to_pylist():
+                t = pq.read_table(f"{bucket}/{row['k']}", filesystem=fs, schema=schema)
+                for n, typ in extra:
+                    t = t.append_column(pa.field(n, typ), pa.array([row[n]] * t.num_rows, typ))
+                for rb in t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536):
+                    yield rb
+
+    key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
+    kdf = spark.createDataFrame([tuple(k) for k in keys], key_schema) if keys else spark.createDataFrame([], key_schema)
+    parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
+    spark_schema = from_arrow_schema(out_schema)
+    del extra_names
+    return kdf.repartition(parts).mapInArrow(read, spark_schema)
+
+
+def read_events(spark, fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta]):
+    keys = [(c.data_key, c.segment, c.seq) for c in chunks if c.data_key]
+    return read_parquet_keys(spark, fs_options, bucket, keys, chunk_schema(spec), [(SEG, pa.string()), (SEQ, pa.int64())])
+
+
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class WindowResult:
+    outputs: pa.Table  # output_ddl columns + `retract` (bool)
+    state: pa.Table  # state_ddl columns
+    counted: int
+    late: int
+
+
+@dataclass
+class EpochResult:
+    windows: dict[str, WindowResult]
+    dead_letters: pa.Table  # DEAD_LETTER schema
+    ids: pa.Table | None  # id memory after the epoch: (id, expires)
+    events: int
+    duplicate: int
+    extra: dict = field(default_factory=dict)
+
+
+DEAD_LETTER = pa.schema(
+    [
+        ("reason", pa.string()),
+        ("window", pa.string()),
+        ("event", pa.string()),
+        ("event_time", pa.int64()),
+        ("segment", pa.string()),
+        ("chunk", pa.int64()),
+        ("row", pa.int64()),
+    ]
+)
+IDS = pa.schema([("id", pa.string()), ("expires", pa.int64())])
+
+
+def _partial_exprs(F, w: WindowSpec):
+    """Partials of one event (pre-aggregation) as column expressions."""
+    cols = []
+    for a in w.aggregates:
+        src = source_column(a)
+        for c, typ in partial_columns(a):
+            if c.endswith("_n"):
+                cols.append(F.lit(1).cast("bigint").alias(c))
+            elif c.endswith("_s"):
+                cols.append(F.col(src).cast(f"decimal(38,{SCALE})").alias(c))
+            elif c.endswith("_nn"):
+                cols.append(F.when(F.col(src).isNotNull(), 1).otherwise(0).cast("bigint").alias(c))
+            elif c.endswith("_m"):
+                cols.append(F.col(src).cast("double").alias(c))
+            else:
+                cols.append(F.when(F.col(src).isNotNull(), F.array(F.col(src).cast("string"))).otherwise(F.array().cast("array<string>")).alias(c))
+    return cols
+
+
+def _merge_aggs(F, w: WindowSpec):
+    """Aggregations merging partial rows into one."""
+    out = []
+    for a in w.aggregates:
+        for c, _ in partial_columns(a):
+            if c.endswith("_n") or c.endswith("_nn"):
+                out.append(F.sum(c).cast("bigint").alias(c))
+            elif c.endswith("_s"):
+                out.append(F.sum(c).cast(f"decimal(38,{SCALE})").alias(c))
+            elif c.endswith("_m"):
+                out.append((F.min(c) if a.func == "min" else F.max(c)).alias(c))
+            else:
+                out.append(F.array_sort(F.array_distinct(F.flatten(F.collect_list(c)))).alias(c))
+    return out
+
+
+def _finalize(F, a: Aggregate):
+    p = f"p_{a.name}"
+    if a.func == "count":
+        return F.col(f"{p}_n").alias(a.name)
+    if a.func == "sum":
+        return F.when(F.col(f"{p}_nn") > 0, F.col(f"{p}_s").cast("double")).alias(a.name)
+    if a.func == "avg":
+        return F.when(F.col(f"{p}_nn") > 0, (F.col(f"{p}_s") / F.col(f"{p}_nn")).cast("double")).alias(a.name)
+    if a.func in ("min", "max"):
+        return F.col(f"{p}_m").alias(a.name)
+    return F.size(f"{p}_set").cast("bigint").alias(a.name)
+
+
+def _event_json(F, spec: Pipeline):
+    """The event as the pipeline sees it, for dead letters."""
+    pairs = [F.lit(spec.time_field), F.col(TIME).cast("string")]
+    if spec.key_field:
+        pairs += [F.lit(spec.key_field), F.col(KEY)]
+    if spec.id_field:
+        pairs += [F.lit(spec.id_field), F.col(ID)]
+    for f in sorted(set(spec.numeric_fields) | set(spec.distinct_fields) | set(spec.gap_fields)):
+        pairs += [F.lit(f), F.col(field_column(f)).cast("string")]
+    return F.to_json(F.map_from_arrays(F.array(*pairs[0::2]), F.array(*pairs[1::2])))
+
+
+def _dead(F, df, spec: Pipeline, reason: str, window: str | None):
+    return df.select(
+        F.lit(reason).alias("reason"),
+        F.lit(window).cast("string").alias("window"),
+        _event_json(F, spec).alias("event"),
+        F.col(TIME).alias("event_time"),
+        F.col(SEG).alias("segment"),
+        F.col(SEQ).alias("chunk"),
+        F.col(ROW).alias("row"),
+    )
+
+
+def _to_arrow(df, schema: pa.Schema) -> pa.Table:
+    t = df.toArrow()
+    return t.select(schema.names).cast(schema) if t.num_rows else schema.empty_table()
+
+
+def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    return to_arrow_schema(_parse_datatype_string(ddl))
+
+
+def _state_df(spark, w: WindowSpec, table: pa.Table | None):
+    ddl = state_ddl(w)
+    if table is None or table.num_rows == 0:
+        return spark.createDataFrame([], ddl)
+    return spark.createDataFrame(table.cast(_ddl_to_arrow(spark, ddl)))
+
+
+def run_epoch(
+    spark,
+    spec: Pipeline,
+    events_df,
+    state: dict[str, pa.Table | None],
+    ids: pa.Table | None,
+    w_prev: int,
+    w_new: int,
+) -> EpochResult:
+    """Process one epoch's events (a DataFrame from `read_events`)."""
+    from pyspark.sql import Window as SW
+    from pyspark.sql import functions as F
+
+    L = spec.allowed_lateness
+    ev = events_df
+    n_in = ev.count()
+    dead = []
+    duplicate = 0
+    ids_out = None
+    if spec.id_field:
+        seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT")
+        order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
+        ev = ev.withColumn("_rn", F.row_number().over(order)).join(
+            seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
+        )
+        is_dup = (F.col("_rn") > 1) | F.col("_seen").isNotNull()
+        dups = ev.filter(is_dup)
+        ev = ev.filter(~is_dup).drop("_rn", "_seen")
+        ev = ev.localCheckpoint()
+        duplicate = n_in - ev.count()
+        if duplicate:
+            dead.append(_dead(F, dups, spec, "duplicate", None))
+        # Remember ids while a window that counted them can still change.
+        extent = spec.max_extent + L
+        if spec.gap_fields:
+            ext = F.greatest(F.lit(spec.max_extent), *[F.coalesce(F.col(field_column(g)), F.lit(0)) for g in spec.gap_fields]) + L
+        else:
+            ext = F.lit(extent)
+        fresh = ev.select(F.col(ID).alias("id"), (F.col(TIME) + ext).alias("expires"))
+        ids_df = seen.unionByName(fresh).filter(F.col("expires") > F.lit(w_new))
+        ids_out = _to_arrow(ids_df.groupBy("id").agg(F.max("expires").alias("expires")).orderBy("id"), IDS)
+    else:
+        ev = ev.localCheckpoint()
+
+    results = {}
+    for w in spec.windows:
+        st = _state_df(spark, w, state.get(w.name))
+        if w.type == "session":
+            res, late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new)
+        else:
+            res, late_df = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
+        if res.late:
+            dead.append(_dead(F, late_df, spec, "late", w.name))
+        results[w.name] = res
+
+    if dead:
+        d = dead[0]
+        for x in dead[1:]:
+            d = d.unionByName(x)
+        dl = _to_arrow(d.orderBy("segment", "chunk", "row", "reason", "window"), DEAD_LETTER)
+    else:
+        dl = DEAD_LETTER.empty_table()
+    return EpochResult(results, dl, ids_out, n_in, duplicate)
+
+
+def _outputs(F, w: WindowSpec, df, retract: bool):
+    return df.select(
+        F.col("key"),
+        F.col("start").alias("window_start"),
+        F.col("end").alias("window_end"),
+        *[_finalize(F, a) for a in w.aggregates],
+        F.lit(retract).alias("retract"),
+    )
+
+
+def _out_schema(spark, w: WindowSpec) -> pa.Schema:
+    return _ddl_to_arrow(spark, output_ddl(w)).append(pa.field("retract", pa.bool_()))
+
+
+def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int):
+    """Tumbling and sliding windows: explode each event into its size/slide windows."""
+    L = spec.allowed_lateness
+    n = w.size // w.slide
+    last = F.col(TIME) - F.pmod(F.col(TIME) - F.lit(w.offset), F.lit(w.slide))
+    ev2 = ev.withColumn("_last", last)
+    # The newest window of an event ends last: if it is expired, all are.
+    late_df = ev2.filter(F.col("_last") + F.lit(w.size + L) <= F.lit(w_prev))
+    elig = ev2.filter(F.col("_last") + F.lit(w.size + L) > F.lit(w_prev))
+    exploded = elig.withColumn("_k", F.explode(F.sequence(F.lit(0), F.lit(n - 1)))).select(
+        F.col(KEY).alias("key"),
+        (F.col("_last") - F.col("_k") * F.lit(w.slide)).alias("start"),
+        (F.col("_last") - F.col("_k") * F.lit(w.slide) + F.lit(w.size)).alias("end"),
+        *_partial_exprs(F, w),
+    )
+    # Drop the individual windows already purged (end + L <= W_prev).
+    exploded = exploded.filter(F.col("end") + F.lit(L) > F.lit(w_prev))
+    delta = exploded.withColumn("_touched", F.lit(True))
+    merged = (
+        st.withColumn("_touched", F.lit(False))
+        .unionByName(delta)
+        .groupBy("key", "start", "end")
+        .agg(*_merge_aggs(F, w), F.max("_touched").alias("_touched"))
+    ).localCheckpoint()
+    fire = merged.filter((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev))))
+    outputs = _to_arrow(_outputs(F, w, fire, False).orderBy("key", "window_start"), _out_schema(spark, w))
+    keep = merged.filter(F.col("end") + F.lit(L) > F.lit(w_new)).drop("_touched")
+    new_state = _to_arrow(keep.orderBy("key", "start"), _ddl_to_arrow(spark, state_ddl(w)))
+    late = late_df.count()
+    counted = ev.count() - late
+    return WindowResult(outputs, new_state, counted, late), late_df
+
+
+def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int):
+    """Session windows: one-event windows, merged per key with the open sessions of the state."""
+    L = spec.allowed_lateness
+    gap = F.lit(w.gap)
+    if w.gap_field:
+        g = F.col(field_column(w.gap_field))
+        gap = F.when(g.isNotNull() & (g > 0), g).otherwise(F.lit(w.gap))
+    proto = ev.withColumn("start", F.col(TIME)).withColumn("end", F.col(TIME) + gap)
+    maybe_late = proto.filter(F.col("end") + F.lit(L) <= F.lit(w_prev))
+    # A late one-event window still counts if it touches an open session of its key (Flink merges first).
+    s = st.select(F.col("key").alias("_sk"), F.col("start").alias("_ss"), F.col("end").alias("_se"))
+    touch_cond = F.col(KEY).eqNullSafe(F.col("_sk")) & (F.col("_ss") <= F.col("end")) & (F.col("start") <= F.col("_se"))
+    rescued = maybe_late.join(s, touch_cond, "left_semi")
+    late_df = maybe_late.join(s, touch_cond, "left_anti")
+    elig = proto.filter(F.col("end") + F.lit(L) > F.lit(w_prev)).unionByName(rescued)
+    pieces_new = elig.select(
+        F.col(KEY).alias("key"), "start", "end", *_partial_exprs(F, w),
+        F.lit(True).alias("_touched"), F.lit(None).cast("bigint").alias("_os"), F.lit(None).cast("bigint").alias("_oe"),
+    )
+    touched_keys = pieces_new.select(F.col("key").alias("_tk")).distinct()
+    st_t = st.join(touched_keys, st["key"].eqNullSafe(touched_keys["_tk"]), "left_semi")
+    st_u = st.join(touched_keys, st["key"].eqNullSafe(touched_keys["_tk"]), "left_anti")
+    pieces = st_t.withColumn("_touched", F.lit(False)).withColumn("_os", F.col("start")).withColumn("_oe", F.col("end")).unionByName(pieces_new)
+    order = SW.partitionBy("key").orderBy("start", "end")
+    pieces = pieces.withColumn(
+        "_pmax", F.max("end").over(order.rowsBetween(SW.unboundedPreceding, -1))
+    ).withColumn("_new", F.when(F.col("_pmax").isNull() | (F.col("start") > F.col("_pmax")), 1).otherwise(0))
+    pieces = pieces.withColumn("_grp", F.sum("_new").over(order.rowsBetween(SW.unboundedPreceding, 0))).localCheckpoint()
+    groups = pieces.groupBy("key", "_grp").agg(
+        F.min("start").alias("start"), F.max("end").alias("end"), *_merge_aggs(F, w), F.lit(True).alias("_touched")
+    )
+    # Fired sessions (end <= W_prev) whose bounds changed are retracted.
+    bounds = groups.select(F.col("key").alias("_gk"), F.col("_grp").alias("_gg"), F.col("start").alias("_gs"), F.col("end").alias("_ge"))
+    olds = pieces.filter(F.col("_os").isNotNull() & (F.col("_oe") <= F.lit(w_prev)))
+    retracted = olds.join(bounds, olds["key"].eqNullSafe(bounds["_gk"]) & (olds["_grp"] == bounds["_gg"])).filter(
+        (F.col("_os") != F.col("_gs")) | (F.col("_oe") != F.col("_ge"))
+    )
+    merged = groups.drop("_grp").unionByName(st_u.withColumn("_touched", F.lit(False))).localCheckpoint()
+    fire = merged.filter((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev))))
+    out_fire = _outputs(F, w, fire, False)
+    out_retr = _outputs(F, w, retracted.select("key", F.col("_os").alias("start"), F.col("_oe").alias("end"), *[c for a in w.aggregates for c, _ in partial_columns(a)]), True)
+    outputs = _to_arrow(out_fire.unionByName(out_retr).orderBy("key", "window_start", "retract"), _out_schema(spark, w))
+    keep = merged.filter(F.col("end") + F.lit(L) > F.lit(w_new)).drop("_touched")
+    new_state = _to_arrow(keep.orderBy("key", "start"), _ddl_to_arrow(spark, state_ddl(w)))
+    late = late_df.count()
+    counted = ev.count() - late
+    return WindowResult(outputs, new_state, counted, late), late_df
+
+
+def table_bytes(t: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(t, buf, compression="zstd")
+    return buf.getvalue()

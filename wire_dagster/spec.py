@@ -1,0 +1,322 @@
+"""Pipeline files (DESIGN §4): YAML parsed and validated into typed objects.
+
+Every mistake raises `WireInputError` with one line naming the field and the
+fix. Validation happens at construction (pydantic), never later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import WireInputError
+from .timeutil import parse_duration, parse_iso
+
+NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+AGG_RE = re.compile(r"^\s*(count|sum|min|max|avg|count_distinct)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\))?\s*$")
+AGG_FUNCS = ("count", "sum", "min", "max", "avg", "count_distinct")
+FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def check_name(value: str, what: str) -> str:
+    """Pipeline, stream, segment and window names: `[a-z0-9_-]`, 1–64 chars; no `../`, no slashes."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise WireInputError(
+            f"{what}: bad name {value!r}; use 1-64 characters from a-z, 0-9, '_' and '-' (no slashes, no '..')"
+        )
+    return value
+
+
+class Aggregate(BaseModel):
+    """One output column: `func(field)`; `count` has no field."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    func: Literal["count", "sum", "min", "max", "avg", "count_distinct"]
+    field: str | None = None
+
+    @property
+    def numeric(self) -> bool:
+        return self.func in ("sum", "min", "max", "avg")
+
+
+class WindowSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    type: Literal["tumbling", "sliding", "session"]
+    size: int = 0  # ms; tumbling and sliding
+    slide: int = 0  # ms; sliding (tumbling: == size)
+    offset: int = 0  # ms; alignment to the epoch plus offset
+    gap: int = 0  # ms; session
+    gap_field: str | None = None  # session: per-event gap (ms) field
+    aggregates: tuple[Aggregate, ...]
+
+    @property
+    def extent(self) -> int:
+        """How far past an event's time its windows can end (upper bound, ms)."""
+        return self.gap if self.type == "session" else self.size
+
+    @property
+    def step(self) -> int:
+        """The alignment step partitions must be a multiple of."""
+        return {"tumbling": self.size, "sliding": self.slide}.get(self.type, 0)
+
+
+class Pipeline(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    stream: str
+    key_field: str | None
+    time_field: str
+    id_field: str | None
+    max_out_of_orderness: int
+    idle_timeout: int
+    clock: Literal["event", "ingestion"] = "event"
+    max_event_time_lag: int = 0
+    allowed_lateness: int
+    partition: int
+    start: int  # first partition's start (epoch ms)
+    max_future: int  # events more than this past ingestion time are malformed (out of range)
+    chunk_rows: int
+    max_chunks_per_epoch: int
+    max_record_bytes: int
+    windows: tuple[WindowSpec, ...]
+    source: str | None = None  # the file it came from (not part of the fingerprint)
+
+    def window(self, name: str) -> WindowSpec:
+        for w in self.windows:
+            if w.name == name:
+                return w
+        raise WireInputError(
+            f"--window: pipeline {self.name!r} has no window {name!r}; choose one of: "
+            + ", ".join(w.name for w in self.windows)
+        )
+
+    @property
+    def numeric_fields(self) -> list[str]:
+        return sorted({a.field for w in self.windows for a in w.aggregates if a.field and a.numeric})
+
+    @property
+    def distinct_fields(self) -> list[str]:
+        return sorted({a.field for w in self.windows for a in w.aggregates if a.field and a.func == "count_distinct"})
+
+    @property
+    def gap_fields(self) -> list[str]:
+        return sorted({w.gap_field for w in self.windows if w.gap_field})
+
+    @property
+    def max_extent(self) -> int:
+        return max(w.extent for w in self.windows)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that decides results (not of where the file lives)."""
+        body = self.model_dump(exclude={"source"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def field_column(field: str) -> str:
+    """The column a payload field is stored under in normalized chunks (`amount` -> `f_amount`)."""
+    return "f_" + field.replace(".", "__")
+
+
+def _req(d: dict, key: str, where: str):
+    if key not in d or d[key] in (None, ""):
+        raise WireInputError(f"{where}.{key}: missing; add it to the pipeline file")
+    return d[key]
+
+
+def _field(value: object, where: str) -> str:
+    if not isinstance(value, str) or not FIELD_RE.match(value):
+        raise WireInputError(f"{where}: bad field name {value!r}; use a name like user_id")
+    return value
+
+
+def _aggregates(raw: object, where: str) -> tuple[Aggregate, ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise WireInputError(f"{where}.aggregates: missing; give a mapping like {{events: count, total: sum(amount)}}")
+    out = []
+    for name, expr in raw.items():
+        if not isinstance(name, str) or not FIELD_RE.match(name) or name in ("key", "window_start", "window_end"):
+            raise WireInputError(f"{where}.aggregates: bad output column name {name!r}")
+        m = AGG_RE.match(str(expr))
+        if not m:
+            raise WireInputError(
+                f"{where}.aggregates.{name}: unknown aggregate {expr!r}; use one of count, sum(f), min(f), max(f), avg(f), count_distinct(f)"
+            )
+        func, field = m.group(1), m.group(2)
+        if func == "count" and field:
+            raise WireInputError(f"{where}.aggregates.{name}: count takes no field; write `count`")
+        if func != "count" and not field:
+            raise WireInputError(f"{where}.aggregates.{name}: {func} needs a field name, e.g. {func}(amount)")
+        out.append(Aggregate(name=name, func=func, field=field))
+    return tuple(out)
+
+
+def _window(raw: object, i: int) -> WindowSpec:
+    where = f"windows[{i}]"
+    if not isinstance(raw, dict):
+        raise WireInputError(f"{where}: expected a mapping with name, type and aggregates")
+    name = check_name(_req(raw, "name", where), f"{where}.name")
+    where = f"windows.{name}"
+    wtype = _req(raw, "type", where)
+    known = {"tumbling": {"size", "offset"}, "sliding": {"size", "slide", "offset"}, "session": {"gap", "gap_field"}}
+    if wtype not in known:
+        raise WireInputError(f"{where}.type: unknown window type {wtype!r}; use tumbling, sliding or session")
+    extra = set(raw) - known[wtype] - {"name", "type", "aggregates"}
+    if extra:
+        raise WireInputError(f"{where}: unknown key(s) {sorted(extra)} for a {wtype} window; allowed: {sorted(known[wtype])}")
+    aggs = _aggregates(raw.get("aggregates"), where)
+    if wtype == "session":
+        gap = parse_duration(_req(raw, "gap", where), f"{where}.gap")
+        if gap <= 0:
+            raise WireInputError(f"{where}.gap: must be > 0")
+        gap_field = _field(raw["gap_field"], f"{where}.gap_field") if raw.get("gap_field") else None
+        return WindowSpec(name=name, type="session", gap=gap, gap_field=gap_field, aggregates=aggs)
+    size = parse_duration(_req(raw, "size", where), f"{where}.size")
+    if size <= 0:
+        raise WireInputError(f"{where}.size: must be > 0")
+    slide = parse_duration(_req(raw, "slide", where), f"{where}.slide") if wtype == "sliding" else size
+    if slide <= 0:
+        raise WireInputError(f"{where}.slide: must be > 0")
+    if slide > size:
+        raise WireInputError(f"{where}.slide: {raw.get('slide')} is longer than size {raw.get('size')}; there would be gaps between windows — make slide <= size")
+    if size % slide:
+        raise WireInputError(f"{where}.size: must be a multiple of slide so every event is in size/slide windows")
+    offset = parse_duration(raw.get("offset", 0), f"{where}.offset")
+    if offset >= slide:
+        raise WireInputError(f"{where}.offset: must be shorter than the {'slide' if wtype == 'sliding' else 'size'}")
+    return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs)
+
+
+def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
+    if not isinstance(raw, dict):
+        raise WireInputError("pipeline file: expected a YAML mapping with name, stream, event, windows")
+    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "limits"}
+    extra = set(raw) - allowed
+    if extra:
+        raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+    name = check_name(_req(raw, "name", "pipeline"), "name")
+    stream = check_name(raw.get("stream") or name, "stream")
+    event = _req(raw, "event", "pipeline")
+    if not isinstance(event, dict):
+        raise WireInputError("event: expected a mapping with time (and key, id)")
+    time_field = _field(_req(event, "time", "event"), "event.time")
+    key_field = _field(event["key"], "event.key") if event.get("key") else None
+    id_field = _field(event["id"], "event.id") if event.get("id") else None
+    wm = raw.get("watermark") or {}
+    if not isinstance(wm, dict):
+        raise WireInputError("watermark: expected a mapping (max_out_of_orderness, idle_timeout)")
+    clock = wm.get("clock", "event")
+    if clock not in ("event", "ingestion"):
+        raise WireInputError(f"watermark.clock: unknown clock {clock!r}; use event or ingestion")
+    lateness = raw.get("lateness") or {}
+    if not isinstance(lateness, dict):
+        raise WireInputError("lateness: expected a mapping like {allowed: 30s}")
+    wins = raw.get("windows")
+    if not isinstance(wins, list) or not wins:
+        raise WireInputError("windows: missing; list at least one tumbling, sliding or session window")
+    windows = tuple(_window(w, i) for i, w in enumerate(wins))
+    names = [w.name for w in windows]
+    if len(set(names)) != len(names):
+        raise WireInputError("windows: two windows share a name; give each a unique name")
+    partition = parse_duration(_req(raw, "partition", "pipeline"), "partition")
+    if partition <= 0:
+        raise WireInputError("partition: must be > 0")
+    for w in windows:
+        if w.step and partition % w.step:
+            raise WireInputError(
+                f"partition: {raw['partition']} is not a multiple of window {w.name}'s "
+                f"{'size' if w.type == 'tumbling' else 'slide'}; make it a multiple"
+            )
+    start_raw = raw.get("start", "2020-01-01T00:00:00Z")
+    try:
+        start = parse_iso(str(start_raw))
+    except ValueError:
+        raise WireInputError(f"start: bad time {start_raw!r}; use ISO-8601 with a zone, e.g. 2024-01-01T00:00:00Z") from None
+    if start % partition:
+        raise WireInputError("start: must be aligned to the partition size")
+    limits = raw.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise WireInputError("limits: expected a mapping")
+
+    def _posint(key: str, default: int) -> int:
+        v = limits.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise WireInputError(f"limits.{key}: expected a positive integer, got {v!r}")
+        return v
+
+    try:
+        return Pipeline(
+            name=name,
+            stream=stream,
+            key_field=key_field,
+            time_field=time_field,
+            id_field=id_field,
+            max_out_of_orderness=parse_duration(wm.get("max_out_of_orderness", 0), "watermark.max_out_of_orderness"),
+            idle_timeout=parse_duration(wm.get("idle_timeout", "1m"), "watermark.idle_timeout"),
+            clock=clock,
+            max_event_time_lag=parse_duration(wm.get("max_event_time_lag", 0), "watermark.max_event_time_lag"),
+            allowed_lateness=parse_duration(lateness.get("allowed", 0), "lateness.allowed"),
+            partition=partition,
+            start=start,
+            max_future=parse_duration(limits.get("max_future", "1d"), "limits.max_future"),
+            chunk_rows=_posint("chunk_rows", 100_000),
+            max_chunks_per_epoch=_posint("max_chunks_per_epoch", 1_000),
+            max_record_bytes=_posint("max_record_bytes", 1_048_576),
+            windows=windows,
+            source=source,
+        )
+    except ValidationError as e:  # defensive: our checks above should catch everything first
+        first = e.errors()[0]
+        raise WireInputError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WireInputError(f"cannot read pipeline file {str(p)!r}: {e.__class__.__name__}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise WireInputError(f"pipeline file {p.name}: invalid YAML{where}") from None
+    return pipeline_from_dict(raw, source=str(p))
+
+
+def pipelines_dir(default: str | None = None) -> Path:
+    import os
+
+    return Path(os.environ.get("WIRE_PIPELINES") or default or "pipelines")
+
+
+def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
+    """`--pipeline P`: a path to a YAML file, or a pipeline name looked up in WIRE_PIPELINES."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise WireInputError(f"--pipeline: no such file {name_or_path!r}")
+        return load_pipeline(p)
+    check_name(name_or_path, "--pipeline")
+    d = directory or pipelines_dir()
+    for cand in sorted(d.glob("*.y*ml")) if d.is_dir() else []:
+        try:
+            spec = load_pipeline(cand)
+        except WireInputError:
+            continue
+        if spec.name == name_or_path:
+            return spec
+    raise WireInputError(f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES")
+
+
+def load_all(directory: Path) -> list[Pipeline]:
+    """Every pipeline file in a directory; a bad file raises (the code location must not hide it)."""
+    return [load_pipeline(p) for p in sorted(directory.glob("*.y*ml"))]

@@ -1,0 +1,120 @@
+"""What `wire status` and the Dagster metadata show: watermarks, epochs, partitions, counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .checkpoint import Checkpoints, Manifest
+from .objectstore import ObjectStore
+from .spec import Pipeline
+from .streams import read_stream
+from .timeutil import INF, NEG_INF, iso
+
+
+def partition_range(spec: Pipeline, m: Manifest | None) -> list[int]:
+    """Partitions that hold committed results (by window end) or became ready."""
+    if m is None:
+        return []
+    ps = {int(p) for parts in m.outputs.values() for p in parts}
+    ps |= {p for parts in m.changed.values() for p in parts}
+    return sorted(ps)
+
+
+def is_ready(spec: Pipeline, w: int, p: int) -> bool:
+    return w >= p + spec.partition
+
+
+def is_final(spec: Pipeline, w: int, p: int) -> bool:
+    return w >= p + spec.partition + spec.allowed_lateness
+
+
+def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
+    cp = Checkpoints(store, spec.name)
+    m = cp.latest()
+    committed = cp.committed()
+    offsets = m.remap if m else {}
+    views = read_stream(store, spec.stream, offsets)
+    segs = []
+    for s in sorted(set(views) | set(m.segments if m else {})):
+        rec = m.segments.get(s) if m else None
+        segs.append(
+            {
+                "segment": s,
+                "chunks": (rec.next_seq if rec else 0) + len(views[s].chunks if s in views else []),
+                "next_seq": rec.next_seq if rec else 0,
+                "pending": len(views[s].chunks) if s in views else 0,
+                "sealed": views[s].sealed_at is not None if s in views else False,
+                "max_event_time": iso(rec.max_t) if rec and rec.max_t > NEG_INF else "-",
+                "watermark": iso(m.segment_watermarks.get(s, NEG_INF)) if m else "-inf",
+                "watermark_ms": m.segment_watermarks.get(s, NEG_INF) if m else NEG_INF,
+                "decision": m.decisions.get(s, "-") if m else "-",
+            }
+        )
+    w = m.watermark if m else NEG_INF
+    parts = partition_range(spec, m)
+    dl = {"malformed": m.totals.malformed if m else 0, "duplicate": m.totals.duplicate if m else 0,
+          "late": dict(m.totals.late) if m else {}}
+    return {
+        "pipeline": spec.name,
+        "stream": spec.stream,
+        "epoch": m.epoch if m else None,
+        "run_id": m.run_id if m else None,
+        "remap": m.remap if m else {},
+        "watermark": iso(w),
+        "watermark_ms": w if w < INF else None,
+        "closed": w >= INF,
+        "epochs_kept": committed,
+        "segments": segs,
+        "pending_chunks": sum(s["pending"] for s in segs),
+        "partitions": {
+            "ready": [iso(p) for p in parts if is_ready(spec, w, p)],
+            "final": [iso(p) for p in parts if is_final(spec, w, p)],
+        },
+        "totals": m.totals.model_dump() if m else {},
+        "balanced": m.totals.balanced() if m else True,
+        "dead_letters": dl,
+    }
+
+
+def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
+    """Per kept epoch: the stream watermark, each segment's watermark and max event time."""
+    cp = Checkpoints(store, spec.name)
+    rows = []
+    for n in cp.committed():
+        m = cp.load(n)
+        rows.append({"epoch": n, "created_ms": m.created_ms, "watermark": m.watermark,
+                     "segments": {s: {"wm": m.segment_watermarks.get(s, NEG_INF), "max_t": r.max_t, "ingest": r.last_ingest}
+                                  for s, r in m.segments.items()}})
+    return rows
+
+
+def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path) -> Path:
+    """A PNG of watermark lag per segment over epochs: lag = last ingestion time − segment watermark."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = watermark_history(store, spec)
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    segs = sorted({s for h in hist for s in h["segments"]})
+    for s in segs:
+        xs, ys = [], []
+        for h in hist:
+            d = h["segments"].get(s)
+            if d and NEG_INF < d["wm"] < INF and d["ingest"] > NEG_INF:
+                xs.append(h["epoch"])
+                ys.append((d["ingest"] - d["wm"]) / 1000)
+        ax.plot(xs, ys, marker="o", label=f"segment {s}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("watermark lag (s)")
+    ax.set_title(f"{spec.name}: watermark lag per segment")
+    if segs:
+        ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

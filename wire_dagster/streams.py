@@ -1,0 +1,489 @@
+"""Streams on the object store (DESIGN §1): segments of gapless, immutable chunks.
+
+Layout under the bucket::
+
+    streams/<stream>/segments/<segment>/index/<seq:012d>.json   # the claim: chunk metadata
+    streams/<stream>/segments/<segment>/data/<uuid>.parquet     # valid events, normalized
+    streams/<stream>/segments/<segment>/data/<uuid>.dlq.parquet # malformed records of the chunk
+    streams/<stream>/segments/<segment>/_SEALED                 # last sequence of a sealed segment
+
+A chunk exists once its index object exists: data and dead letters are written
+first under unique keys, then the index is created with create-if-absent, so two
+producers never overwrite each other (the loser retries on the next sequence)
+and a crash leaves at most an unreferenced data file, never a half-chunk.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ObjectExists, ObjectNotFound, WireInputError
+from .objectstore import ObjectStore
+from .spec import Pipeline, check_name, field_column
+from .timeutil import now_ms
+
+#: Normalized chunk columns (besides one column per payload field the pipeline uses).
+TIME, KEY, ID, ROW = "_t", "_key", "_id", "_row"
+RAW_KEEP = 1024  # bytes of a malformed record kept in its dead letter
+
+
+def stream_prefix(stream: str) -> str:
+    return f"streams/{check_name(stream, 'stream')}/"
+
+
+def segment_prefix(stream: str, segment: str) -> str:
+    return f"{stream_prefix(stream)}segments/{check_name(segment, 'segment')}/"
+
+
+def index_key(stream: str, segment: str, seq: int) -> str:
+    return f"{segment_prefix(stream, segment)}index/{seq:012d}.json"
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """One committed chunk: where its rows are and what the watermark needs to know."""
+
+    stream: str
+    segment: str
+    seq: int
+    data_key: str | None  # None when every record of the chunk was malformed
+    dlq_key: str | None
+    rows: int  # valid events
+    malformed: int
+    min_t: int | None
+    max_t: int | None
+    ingest_ms: int
+    bytes: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> ChunkMeta:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ProduceReport:
+    stream: str
+    segment: str
+    chunks: list[int]
+    events: int
+    malformed: int
+
+
+def chunk_schema(spec: Pipeline) -> pa.Schema:
+    fields = [
+        pa.field(TIME, pa.int64(), nullable=False),
+        pa.field(KEY, pa.string()),
+        pa.field(ID, pa.string()),
+        pa.field(ROW, pa.int64(), nullable=False),
+    ]
+    fields += [pa.field(field_column(f), pa.float64()) for f in spec.numeric_fields]
+    fields += [pa.field(field_column(f), pa.string()) for f in spec.distinct_fields if f not in spec.numeric_fields]
+    fields += [pa.field(field_column(f), pa.int64()) for f in spec.gap_fields]
+    # A field used both numerically and distinct is stored once, as a number.
+    seen: set[str] = set()
+    return pa.schema([f for f in fields if not (f.name in seen or seen.add(f.name))])
+
+
+DLQ_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("record", pa.string())])
+
+
+# ---------------------------------------------------------------------------
+# Parsing and validation: vectorised in DuckDB, one SQL pass per input block.
+
+
+def _split_lines(data: bytes) -> pa.LargeBinaryArray:
+    """Split JSONL bytes into one binary value per line, zero-copy (numpy finds the newlines)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if not data:
+        return pa.array([], pa.large_binary())
+    buf = np.frombuffer(data, dtype=np.uint8)
+    nl = np.flatnonzero(buf == 10)
+    ends = np.append(nl, len(buf)) if (len(nl) == 0 or nl[-1] != len(buf) - 1) else nl
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    # strip a trailing \r (CRLF files)
+    cr = (ends > starts) & (buf[np.maximum(ends - 1, 0)] == 13)
+    stops = ends - cr.astype(np.int64)
+    # Build (offsets, data) with only line bytes: gather via a boolean mask is O(n) vectorised.
+    keep = np.ones(len(buf), dtype=bool)
+    keep[nl] = False
+    keep[(stops[cr])] = False
+    body = buf[keep]
+    lengths = (stops - starts).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(body.tobytes())]
+    )
+
+
+def _json_path(field: str) -> str:
+    return "$." + ".".join('"' + part.replace('"', '') + '"' for part in field.split("."))
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
+    """SQL over `lines(line_no, raw)`: one row per input line with either the normalized
+    columns or a `reason` (the first check it fails). Every check is a vectorised expression."""
+    tp = _sql_str(_json_path(spec.time_field))
+    checks: list[tuple[str, str]] = [
+        ("oversize", f"'record larger than {max_bytes} bytes'"),
+        ("s IS NULL", "'invalid UTF-8'"),
+        ("trim(s) = ''", "'empty line'"),
+        ("NOT json_valid(s)", "'unparsable JSON'"),
+        ("json_type(j) <> 'OBJECT'", "'not a JSON object'"),
+        (f"json_type(j, {tp}) IS NULL", _sql_str(f"missing time field {spec.time_field}")),
+        (f"json_type(j, {tp}) = 'NULL'", _sql_str(f"null time field {spec.time_field}")),
+        (
+            f"json_type(j, {tp}) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'VARCHAR')",
+            _sql_str(f"time field {spec.time_field} has wrong type (want epoch ms or ISO-8601)"),
+        ),
+        (
+            f"json_type(j, {tp}) = 'VARCHAR' AND NOT regexp_matches(tv, '^\\d{{4}}-\\d{{2}}-\\d{{2}}[T ]')",
+            _sql_str(f"non-numeric time field {spec.time_field} (want epoch ms or ISO-8601 with zone)"),
+        ),
+        (
+            f"json_type(j, {tp}) = 'VARCHAR' AND NOT regexp_matches(tv, '(Z|z|[+-]\\d{{2}}(:?\\d{{2}})?)$')",
+            _sql_str(f"naive time in {spec.time_field} (ISO-8601 needs a zone, e.g. Z)"),
+        ),
+        ("t IS NULL", _sql_str(f"unparsable time in {spec.time_field}")),
+        (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {spec.time_field}")),
+    ]
+    cols = []
+    if spec.key_field:
+        kp = _sql_str(_json_path(spec.key_field))
+        checks += [
+            (f"json_type(j, {kp}) IS NULL OR json_type(j, {kp}) = 'NULL'", _sql_str(f"missing key field {spec.key_field}")),
+            (
+                f"json_type(j, {kp}) NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
+                _sql_str(f"key field {spec.key_field} has wrong type (want string or integer)"),
+            ),
+        ]
+        cols.append(f"json_extract_string(j, {kp}) AS {KEY}")
+    else:
+        cols.append(f"CAST(NULL AS VARCHAR) AS {KEY}")
+    if spec.id_field:
+        ip = _sql_str(_json_path(spec.id_field))
+        checks += [
+            (f"json_type(j, {ip}) IS NULL OR json_type(j, {ip}) = 'NULL'", _sql_str(f"missing id field {spec.id_field}")),
+            (
+                f"json_type(j, {ip}) NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
+                _sql_str(f"id field {spec.id_field} has wrong type (want string or integer)"),
+            ),
+        ]
+        cols.append(f"json_extract_string(j, {ip}) AS {ID}")
+    else:
+        cols.append(f"CAST(NULL AS VARCHAR) AS {ID}")
+    done: set[str] = set()
+    for f in spec.numeric_fields:
+        fp = _sql_str(_json_path(f))
+        checks.append(
+            (
+                f"json_type(j, {fp}) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')",
+                _sql_str(f"field {f} has wrong type (want a number)"),
+            )
+        )
+        cols.append(f"TRY_CAST(json_extract_string(j, {fp}) AS DOUBLE) AS {field_column(f)}")
+        done.add(f)
+    for f in spec.distinct_fields:
+        if f in done:
+            continue
+        fp = _sql_str(_json_path(f))
+        checks.append(
+            (f"json_type(j, {fp}) IN ('OBJECT', 'ARRAY')", _sql_str(f"field {f} has wrong type (want a scalar)"))
+        )
+        cols.append(f"json_extract_string(j, {fp}) AS {field_column(f)}")
+    for f in spec.gap_fields:
+        fp = _sql_str(_json_path(f))
+        checks.append(
+            (
+                f"json_type(j, {fp}) IS NOT NULL AND json_type(j, {fp}) <> 'NULL' AND "
+                f"(json_type(j, {fp}) NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(json_extract_string(j, {fp}) AS BIGINT) <= 0)",
+                _sql_str(f"gap field {f} must be a positive integer (ms)"),
+            )
+        )
+        cols.append(f"TRY_CAST(json_extract_string(j, {fp}) AS BIGINT) AS {field_column(f)}")
+    reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
+    return f"""
+    WITH a AS (
+        SELECT line_no, raw, octet_length(raw) > {max_bytes} AS oversize,
+               CASE WHEN octet_length(raw) > {max_bytes} THEN NULL ELSE try(decode(raw)) END AS s
+        FROM lines
+    ), b AS (
+        SELECT *, CASE WHEN s IS NOT NULL AND json_valid(s) THEN CAST(s AS JSON) END AS j FROM a
+    ), c AS (
+        SELECT *, json_extract_string(j, {tp}) AS tv FROM b
+    ), d AS (
+        SELECT *, CASE
+            WHEN json_type(j, {tp}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(tv AS BIGINT)
+            WHEN json_type(j, {tp}) = 'DOUBLE' AND TRY_CAST(tv AS DOUBLE) = floor(TRY_CAST(tv AS DOUBLE))
+                 AND abs(TRY_CAST(tv AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST(tv AS DOUBLE) AS BIGINT)
+            WHEN json_type(j, {tp}) = 'VARCHAR' THEN epoch_ms(TRY_CAST(tv AS TIMESTAMPTZ))
+        END AS t FROM c
+    )
+    SELECT line_no, t AS {TIME}, {", ".join(cols)}, {reason} AS reason,
+           substr(coalesce(s, CAST(raw AS VARCHAR)), 1, {RAW_KEEP}) AS record
+    FROM d ORDER BY line_no
+    """
+
+
+def _duckdb():
+    import duckdb
+
+    con = duckdb.connect(config={"threads": 2})
+    con.execute("SET TimeZone = 'UTC'")
+    return con
+
+
+def normalize_lines(spec: Pipeline, lines: pa.LargeBinaryArray, ingest_ms: int) -> tuple[pa.Table, pa.Table]:
+    """Lines -> (valid events in chunk schema with `_row` = line number, dead letters)."""
+    con = _duckdb()
+    tbl = pa.table({"line_no": pa.array(np.arange(len(lines), dtype=np.int64)), "raw": lines})
+    con.register("lines", tbl)
+    hi = ingest_ms + spec.max_future
+    out = con.sql(_normalize_sql(spec, spec.max_record_bytes, spec.start, hi)).to_arrow_table()
+    con.close()
+    return _split_valid(spec, out)
+
+
+def _split_valid(spec: Pipeline, out: pa.Table) -> tuple[pa.Table, pa.Table]:
+    import pyarrow.compute as pc
+
+    bad_mask = pc.is_valid(out["reason"])
+    bad = out.filter(bad_mask)
+    good = out.filter(pc.invert(bad_mask))
+    schema = chunk_schema(spec)
+    good = good.rename_columns({"line_no": ROW} if False else [ROW if c == "line_no" else c for c in good.column_names])
+    good = good.select(schema.names).cast(schema)
+    dlq = pa.table(
+        {
+            "row": bad["line_no"],
+            "reason": pc.binary_join_element_wise(pa.scalar("malformed: "), bad["reason"], ""),
+            "record": bad["record"],
+        },
+        schema=DLQ_SCHEMA,
+    )
+    return good, dlq
+
+
+def parquet_to_lines(table: pa.Table) -> pa.LargeBinaryArray:
+    """Rows of a Parquet table as JSON lines (DuckDB's to_json), so one validator serves both formats."""
+    con = _duckdb()
+    con.register("src", table)
+    res = con.sql("SELECT CAST(to_json(src) AS BLOB) AS raw FROM src").to_arrow_table()
+    con.close()
+    return res["raw"].combine_chunks().cast(pa.large_binary())
+
+
+def read_input(path: Path) -> pa.LargeBinaryArray:
+    """Read JSONL or Parquet input into lines; a missing/unreadable/empty file is bad input (exit 2)."""
+    if not path.exists():
+        raise WireInputError(f"--file: no such file {str(path)!r}")
+    if not path.is_file():
+        raise WireInputError(f"--file: {str(path)!r} is not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise WireInputError(f"--file: cannot read {str(path)!r}: {e.strerror or e.__class__.__name__}") from None
+    if not data.strip(b"\xef\xbb\xbf \t\r\n"):
+        raise WireInputError(f"--file: {str(path)!r} is empty; nothing to append")
+    if path.suffix.lower() == ".parquet" or data[:4] == b"PAR1":
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except Exception as e:  # pyarrow raises several kinds for a corrupt file
+            raise WireInputError(f"--file: {str(path)!r} is not a readable Parquet file ({e.__class__.__name__})") from None
+        if table.num_rows == 0:
+            raise WireInputError(f"--file: {str(path)!r} has no rows; nothing to append")
+        return parquet_to_lines(table)
+    return _split_lines(data)
+
+
+# ---------------------------------------------------------------------------
+# Appending
+
+
+def _write_parquet(store: ObjectStore, key: str, table: pa.Table) -> int:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    data = buf.getvalue()
+    store.put(key, data)
+    return len(data)
+
+
+def last_seq(store: ObjectStore, stream: str, segment: str) -> int:
+    """The highest claimed sequence of a segment, -1 if none (lists only the segment's index)."""
+    last = -1
+    for info in store.list(segment_prefix(stream, segment) + "index/"):
+        last = max(last, int(info.key.rsplit("/", 1)[1].split(".")[0]))
+    return last
+
+
+def sealed_seq(store: ObjectStore, stream: str, segment: str) -> int | None:
+    try:
+        return int(json.loads(store.get(segment_prefix(stream, segment) + "_SEALED"))["last_seq"])
+    except ObjectNotFound:
+        return None
+
+
+def append_chunk(store: ObjectStore, spec: Pipeline, segment: str, good: pa.Table, dlq: pa.Table) -> ChunkMeta:
+    """Write the chunk's files, then claim the next free sequence with create-if-absent."""
+    import pyarrow.compute as pc
+
+    seg_prefix = segment_prefix(spec.stream, segment)
+    if sealed_seq(store, spec.stream, segment) is not None:
+        raise WireInputError(f"--segment: segment {segment!r} of stream {spec.stream!r} is sealed; use another segment")
+    uid = uuid.uuid4().hex
+    data_key = dlq_key = None
+    size = 0
+    if good.num_rows:
+        data_key = f"{seg_prefix}data/{uid}.parquet"
+        size += _write_parquet(store, data_key, good)
+    if dlq.num_rows:
+        dlq_key = f"{seg_prefix}data/{uid}.dlq.parquet"
+        size += _write_parquet(store, dlq_key, dlq)
+    mm = pc.min_max(good[TIME]) if good.num_rows else None
+    seq = last_seq(store, spec.stream, segment) + 1
+    while True:
+        meta = ChunkMeta(
+            stream=spec.stream,
+            segment=segment,
+            seq=seq,
+            data_key=data_key,
+            dlq_key=dlq_key,
+            rows=good.num_rows,
+            malformed=dlq.num_rows,
+            min_t=mm["min"].as_py() if mm else None,
+            max_t=mm["max"].as_py() if mm else None,
+            ingest_ms=now_ms(),
+            bytes=size,
+        )
+        try:
+            store.create_if_absent(index_key(spec.stream, segment, seq), json.dumps(meta.to_json()).encode())
+        except ObjectExists:
+            seq += 1  # a concurrent producer took this sequence: take the next one
+            continue
+        sealed = sealed_seq(store, spec.stream, segment)
+        if sealed is not None and seq > sealed:
+            raise WireInputError(f"--segment: segment {segment!r} was sealed during the append; chunk {seq} is ignored")
+        return meta
+
+
+def produce(
+    store: ObjectStore,
+    spec: Pipeline,
+    path: Path,
+    segment: str = "0",
+    chunk_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ProduceReport:
+    """Append the events of a JSONL or Parquet file to the pipeline's stream as chunks.
+
+    Malformed records become dead letters of the chunk that holds their input
+    range; bad input files (missing, unreadable, empty) raise WireInputError
+    before anything is written.
+    """
+    check_name(segment, "--segment")
+    lines = read_input(Path(path))
+    ingest = now_ms()
+    good, dlq = normalize_lines(spec, lines, ingest)
+    n = chunk_rows or spec.chunk_rows
+    total = len(lines)
+    seqs: list[int] = []
+    import pyarrow.compute as pc
+
+    for lo in range(0, total, n):
+        hi = min(lo + n, total)
+        g = good.filter(pc.and_(pc.greater_equal(good[ROW], lo), pc.less(good[ROW], hi)))
+        d = dlq.filter(pc.and_(pc.greater_equal(dlq["row"], lo), pc.less(dlq["row"], hi)))
+        g = g.set_column(g.schema.get_field_index(ROW), ROW, pc.subtract(g[ROW], lo))
+        d = d.set_column(0, "row", pc.subtract(d["row"], lo))
+        seqs.append(append_chunk(store, spec, segment, g, d).seq)
+        if progress:
+            progress(hi, total)
+    return ProduceReport(spec.stream, segment, seqs, good.num_rows, dlq.num_rows)
+
+
+def close_stream(store: ObjectStore, spec: Pipeline) -> dict[str, int]:
+    """Seal every segment: no more chunks. Idempotent: a sealed segment keeps its seal."""
+    out = {}
+    for seg in list_segments(store, spec.stream):
+        last = last_seq(store, spec.stream, seg)
+        try:
+            store.create_if_absent(segment_prefix(spec.stream, seg) + "_SEALED", json.dumps({"last_seq": last}).encode())
+            out[seg] = last
+        except ObjectExists:
+            out[seg] = sealed_seq(store, spec.stream, seg)  # type: ignore[assignment]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def list_segments(store: ObjectStore, stream: str) -> list[str]:
+    prefix = stream_prefix(stream) + "segments/"
+    return sorted(p[len(prefix) :].rstrip("/") for p in store.list_prefixes(prefix))
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """What a reader sees of a segment beyond an offset: its new chunks and its seal."""
+
+    segment: str
+    chunks: list[ChunkMeta]
+    sealed_at: int | None  # last sequence if sealed
+
+
+def read_stream(store: ObjectStore, stream: str, offsets: dict[str, int]) -> dict[str, SegmentView]:
+    """New chunks of every segment after the offset vector (next sequence to read).
+
+    Lists only each segment's index after its offset (start-after), never the bucket.
+    Stops at the first gap so the offset vector stays gapless.
+    """
+    views = {}
+    for seg in list_segments(store, stream):
+        start = offsets.get(seg, 0)
+        after = index_key(stream, seg, start - 1) if start > 0 else None
+        sealed = sealed_seq(store, stream, seg)
+        chunks = []
+        expect = start
+        for info in store.list(segment_prefix(stream, seg) + "index/", start_after=after):
+            seq = int(info.key.rsplit("/", 1)[1].split(".")[0])
+            if seq != expect or (sealed is not None and seq > sealed):
+                break
+            chunks.append(ChunkMeta.from_json(json.loads(store.get(info.key))))
+            expect += 1
+        views[seg] = SegmentView(seg, chunks, sealed)
+    return views
+
+
+def iter_dead_letters(store: ObjectStore, stream: str) -> Iterator[dict]:
+    """Malformed records of every chunk, with their source position."""
+    for seg, view in read_stream(store, stream, {}).items():
+        for c in view.chunks:
+            if not c.dlq_key:
+                continue
+            t = pq.read_table(io.BytesIO(store.get(c.dlq_key)))
+            for r in t.to_pylist():
+                yield {
+                    "reason": r["reason"],
+                    "record": r["record"],
+                    "stream": stream,
+                    "segment": seg,
+                    "chunk": c.seq,
+                    "row": r["row"],
+                }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -108,6 +109,16 @@ def test_outage_then_restart_keeps_data(server: EmbeddedS3) -> None:
     print(f"weed mini: stop {stop_s:.1f}s, restart {start_s:.1f}s")
 
 
+def test_crash_then_restart_keeps_data(server: EmbeddedS3) -> None:
+    cfg = server.config
+    assert cfg is not None
+    ObjectStore(cfg).put("crash/k", b"acknowledged")
+    os.killpg(_pid_info(server)["pgid"], signal.SIGKILL)  # our own server's group, as a crash would
+    again = server.start()  # the pid file is stale now: a fresh process on the same ports
+    assert again == cfg
+    assert ObjectStore(cfg).get("crash/k") == b"acknowledged"
+
+
 def test_stale_pid_file_is_ignored(server: EmbeddedS3) -> None:
     server.stop()
     server.pid_file.write_text(json.dumps({"pid": 999_999_0, "pgid": 999_999_0, "endpoint": "http://127.0.0.1:1"}))
@@ -155,6 +166,14 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
         assert status.returncode == 0 and cfg.endpoint in status.stdout
         stopped = run("stop")
         assert stopped.returncode == 0, stopped.stderr
+        # the server's parent (the `start` process) is gone, so init reaps it: allow a moment
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
         with pytest.raises(ProcessLookupError):
             os.killpg(pgid, 0)
         assert run("status").returncode == 1

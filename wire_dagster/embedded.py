@@ -31,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,14 +121,37 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _group_members(pgid: int) -> list[int] | None:
+    """Pids in process group `pgid` that are not zombies (None where /proc is unavailable)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_line = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 def _group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` runs; zombies (exited, not yet reaped) do not count."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pgid, os.WNOHANG)  # reap the leader if it is our child
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    members = _group_members(pgid)
+    return True if members is None else bool(members)
 
 
 class EmbeddedS3:
@@ -237,9 +261,13 @@ class EmbeddedS3:
             if info is not None:
                 if self._is_ours(int(info["pid"])):
                     cfg = self._config(info["endpoint"])
-                    self._wait_ready(cfg, time.monotonic() + timeout, proc=None)
-                    ObjectStore(cfg).ensure_bucket()
-                    return cfg
+                    try:
+                        self._wait_ready(cfg, time.monotonic() + timeout, pid=int(info["pid"]))
+                    except _Gone:
+                        pass  # it was dying: start a fresh one below
+                    else:
+                        ObjectStore(cfg).ensure_bucket()
+                        return cfg
                 self.pid_file.unlink(missing_ok=True)
             last: ObjectStoreError | None = None
             for _ in range(3):  # a port can be taken between choosing and binding
@@ -308,11 +336,19 @@ class EmbeddedS3:
         ObjectStore(cfg).ensure_bucket()
         return cfg
 
-    def _wait_ready(self, cfg: S3Config, deadline: float, proc: subprocess.Popen[bytes] | None) -> None:
+    def _wait_ready(
+        self,
+        cfg: S3Config,
+        deadline: float,
+        proc: subprocess.Popen[bytes] | None = None,
+        pid: int | None = None,
+    ) -> None:
         """Poll until S3 answers an authenticated ListBuckets; raise if the process dies or time runs out."""
         store = _probe_store(cfg)
         last = "no answer yet"
         while True:
+            if pid is not None and not self._is_ours(pid):
+                raise _Gone(f"embedded object store process {pid} exited")
             if proc is not None and proc.poll() is not None:
                 tail = self._log_tail()
                 if "address already in use" in tail:
@@ -322,7 +358,9 @@ class EmbeddedS3:
                 )
             try:
                 store.ping()
-                return
+                if self._volumes_registered(cfg):
+                    return
+                last = "volumes not registered with the master yet"
             except ObjectStoreError as exc:
                 last = str(exc)
             if time.monotonic() > deadline:
@@ -330,6 +368,34 @@ class EmbeddedS3:
                     f"embedded object store at {cfg.endpoint} did not answer in time ({last}); see {self.log_file}"
                 )
             time.sleep(0.1)
+
+    def _volumes_registered(self, cfg: S3Config) -> bool:
+        """True once the master knows every volume on disk (before that, reads of old objects fail with 5xx)."""
+        on_disk = {p.stem.rsplit("_", 1)[-1] for p in self.data.glob("*.dat")}
+        if not on_disk:
+            return True
+        info = self._read_pid()
+        ports = info["ports"] if info else None
+        if not ports:  # launching: the pid file is written once ready
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                ports = json.loads(self._launch_ports_file.read_text())
+        if not ports:
+            return True
+        url = f"http://{HOST}:{ports['master']}/vol/status"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                status = json.loads(resp.read())
+        except (OSError, ValueError):
+            return False
+        known: set[str] = set()
+        try:
+            for dc in status["Volumes"]["DataCenters"].values():
+                for rack in dc.values():
+                    for volumes in rack.values():
+                        known.update(str(v["Id"]) for v in volumes)
+        except (KeyError, AttributeError, TypeError):
+            return True  # an unknown answer format: do not block on it
+        return on_disk <= known
 
     def _log_tail(self, nbytes: int = 8192) -> str:
         try:
@@ -353,24 +419,24 @@ class EmbeddedS3:
             if info is not None:
                 _remove_stale_sockets(info.get("ports") or {})
 
-    def _reap(self) -> None:
-        if self._proc is not None:
-            self._proc.poll()  # a child we started must be reaped, or its group looks alive
-
     def _kill_group(self, pgid: int, grace: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            self._reap()
+            if self._proc is not None:
+                self._proc.poll()  # reap our own child so Popen knows it exited
             if not _group_alive(pgid):
                 return
             time.sleep(0.1)
+        with contextlib.suppress(OSError), open(self.log_file, "ab") as log:
+            log.write(f"=== wire: still running {grace:.0f}s after SIGTERM: SIGKILL ===\n".encode())
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            self._reap()
+            if self._proc is not None:
+                self._proc.poll()  # reap our own child so Popen knows it exited
             if not _group_alive(pgid):
                 return
             time.sleep(0.05)
@@ -388,7 +454,11 @@ def _remove_stale_sockets(ports: dict[str, int]) -> None:
 
 
 class _PortClash(ObjectStoreError):
-    pass
+    """A port chosen as free was taken before weed bound it."""
+
+
+class _Gone(ObjectStoreError):
+    """The server named by the pid file exited while we waited for it."""
 
 
 def _probe_store(cfg: S3Config) -> ObjectStore:

@@ -1,17 +1,32 @@
 """One Spark session factory for `local[*]`, a standalone cluster and Spark Connect.
 
-`WIRE_SPARK_REMOTE` (sc://host:port) attaches to a Spark Connect server;
-otherwise `WIRE_SPARK_MASTER` (default `local[*]`) starts or joins a classic
-session. Local defaults: UI off, shuffle partitions sized to the cores, session
-time zone UTC, Python workers on this interpreter (they import pyarrow).
+`WIRE_SPARK_REMOTE` (sc://host:port; empty = unset) attaches to a Spark Connect
+server; otherwise `WIRE_SPARK_MASTER` (default `local[*]`; also
+`spark://host:port`) starts or joins a classic session. In one process the
+active session is reused, whatever the environment says.
+
+Local defaults: UI off, shuffle partitions sized to the cores, session time
+zone UTC, Python workers on this interpreter (they import pyarrow), the driver
+bound to 127.0.0.1. On a cluster whose master is not on loopback the executors
+must reach the driver, so the driver's address is Spark's own choice (the
+host name, or SPARK_LOCAL_IP) unless `WIRE_SPARK_DRIVER_HOST` names it.
+
+A Spark Connect server owns its cluster-side settings (Python executable of
+its workers, memory, cores): start it with `PYSPARK_PYTHON` pointing at an
+interpreter that has this package and pyarrow installed. The client sets only
+session-scoped SQL options.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
+from urllib.parse import urlsplit
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
 def java_problem() -> str | None:
@@ -22,13 +37,59 @@ def java_problem() -> str | None:
     return None
 
 
+def _env(name: str) -> str | None:
+    """The variable's value, stripped; None when unset or empty (compose passes `VAR=` for 'unset')."""
+    v = os.environ.get(name, "").strip()
+    return v or None
+
+
+def spark_target(master: str | None = None, remote: str | None = None) -> tuple[str, str]:
+    """`("remote", "sc://…")` or `("master", "local[*]" | "spark://…" | …)`: arguments first, then the environment."""
+    from .errors import WireInputError
+
+    remote = (remote or "").strip() or _env("WIRE_SPARK_REMOTE")
+    if remote:
+        if not remote.startswith("sc://") or not urlsplit(remote).hostname:
+            raise WireInputError(f"WIRE_SPARK_REMOTE: expected a Spark Connect URL like sc://127.0.0.1:15002, got {remote!r}")
+        return "remote", remote
+    master = (master or "").strip() or _env("WIRE_SPARK_MASTER") or "local[*]"
+    if not re.fullmatch(r"local(\[(\*|\d+)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn", master):
+        raise WireInputError(f"WIRE_SPARK_MASTER: expected local[*], local[N] or spark://host:port, got {master!r}")
+    return "master", master
+
+
+def _local_cores(master: str) -> int | None:
+    m = re.fullmatch(r"local\[(\d+)(,\d+)?\]", master)
+    if m:
+        return int(m.group(1))
+    return 1 if master == "local" else None
+
+
+def driver_host(master: str) -> str | None:
+    """The address executors use to reach the driver: loopback for local and loopback clusters."""
+    explicit = _env("WIRE_SPARK_DRIVER_HOST")
+    if explicit:
+        return explicit
+    if master.startswith("local"):
+        return "127.0.0.1"
+    if master.startswith("spark://"):
+        hosts = [urlsplit("spark://" + h).hostname or "" for h in master[len("spark://"):].split(",")]
+        if hosts and all(h in LOOPBACK or h.startswith("127.") for h in hosts):
+            return "127.0.0.1"
+    return None
+
+
 def get_spark(master: str | None = None, remote: str | None = None, app: str = "wire", cores: int | None = None):
-    """The active session if there is one, else a new one configured from the environment."""
+    """The active session if there is one, else a new one configured from the arguments and the environment."""
     from pyspark.sql import SparkSession
 
-    remote = remote or os.environ.get("WIRE_SPARK_REMOTE")
-    if remote:
-        return SparkSession.builder.remote(remote).appName(app).getOrCreate()
+    kind, url = spark_target(master, remote)
+    if kind == "remote":
+        b = SparkSession.builder.remote(url).appName(app).config("spark.sql.session.timeZone", "UTC")
+        parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")
+        if parts:
+            b = b.config("spark.sql.shuffle.partitions", parts)
+        return b.getOrCreate()
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -37,28 +98,36 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         from .errors import WireInputError
 
         raise WireInputError(problem)
-    master = master or os.environ.get("WIRE_SPARK_MASTER") or "local[*]"
+    master = url
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    n = cores or os.cpu_count() or 2
-    tmp = os.environ.get("WIRE_SPARK_LOCAL_DIR") or os.path.join(tempfile.gettempdir(), "wire-spark")
+    n = cores or _local_cores(master) or os.cpu_count() or 2
+    tmp = _env("WIRE_SPARK_LOCAL_DIR") or os.path.join(tempfile.gettempdir(), "wire-spark")
     os.makedirs(tmp, exist_ok=True)
+    parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS") or str(max(2, n))
     b = (
         SparkSession.builder.master(master)
         .appName(app)
-        .config("spark.ui.enabled", os.environ.get("WIRE_SPARK_UI", "false"))
-        .config("spark.sql.shuffle.partitions", str(max(2, n)))
-        .config("spark.default.parallelism", str(max(2, n)))
+        .config("spark.ui.enabled", _env("WIRE_SPARK_UI") or "false")
+        .config("spark.sql.shuffle.partitions", parts)
+        .config("spark.default.parallelism", parts)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.local.dir", tmp)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", os.environ.get("WIRE_SPARK_DRIVER_MEMORY", "2g"))
+        .config("spark.driver.memory", _env("WIRE_SPARK_DRIVER_MEMORY") or "2g")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "WARN")
     )
+    host = driver_host(master)
+    if host:
+        b = b.config("spark.driver.host", host)
+        if host in LOOPBACK or host.startswith("127."):
+            b = b.config("spark.driver.bindAddress", host)
+    mem = _env("WIRE_SPARK_EXECUTOR_MEMORY")
+    if mem:
+        b = b.config("spark.executor.memory", mem)
     return b.getOrCreate()

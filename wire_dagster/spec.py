@@ -68,6 +68,19 @@ class WindowSpec(BaseModel):
         return {"tumbling": self.size, "sliding": self.slide}.get(self.type, 0)
 
 
+class Orchestration(BaseModel):
+    """How Dagster drives a pipeline (not part of the results' fingerprint)."""
+
+    model_config = ConfigDict(frozen=True)
+    sensor_interval_s: int = 5
+    sensor_running: bool = True
+    schedule: str | None = None  # cron; default: every partition
+    max_watermark_lag: int = 300_000  # ms, asset check bound
+    max_dead_letter_rate: float = 0.25  # asset check bound
+    keep_epochs: int = 10
+    max_epochs_per_run: int = 100
+
+
 class Pipeline(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
@@ -87,6 +100,7 @@ class Pipeline(BaseModel):
     max_chunks_per_epoch: int
     max_record_bytes: int
     windows: tuple[WindowSpec, ...]
+    orchestration: Orchestration = Orchestration()
     source: str | None = None  # the file it came from (not part of the fingerprint)
 
     def window(self, name: str) -> WindowSpec:
@@ -116,7 +130,7 @@ class Pipeline(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of everything that decides results (not of where the file lives)."""
-        body = self.model_dump(exclude={"source"})
+        body = self.model_dump(exclude={"source", "orchestration"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -197,7 +211,7 @@ def _window(raw: object, i: int) -> WindowSpec:
 def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if not isinstance(raw, dict):
         raise WireInputError("pipeline file: expected a YAML mapping with name, stream, event, windows")
-    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "limits"}
+    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "limits", "dagster"}
     extra = set(raw) - allowed
     if extra:
         raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -251,6 +265,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             raise WireInputError(f"limits.{key}: expected a positive integer, got {v!r}")
         return v
 
+    orch = _orchestration(raw.get("dagster") or {})
     try:
         return Pipeline(
             name=name,
@@ -270,11 +285,50 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             max_chunks_per_epoch=_posint("max_chunks_per_epoch", 1_000),
             max_record_bytes=_posint("max_record_bytes", 1_048_576),
             windows=windows,
+            orchestration=orch,
             source=source,
         )
     except ValidationError as e:  # defensive: our checks above should catch everything first
         first = e.errors()[0]
         raise WireInputError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _orchestration(raw: object) -> Orchestration:
+    if not isinstance(raw, dict):
+        raise WireInputError("dagster: expected a mapping (sensor_interval, sensor_running, schedule, ...)")
+    allowed = {"sensor_interval", "sensor_running", "schedule", "max_watermark_lag", "max_dead_letter_rate", "keep_epochs", "max_epochs_per_run"}
+    extra = set(raw) - allowed
+    if extra:
+        raise WireInputError(f"dagster: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+    out: dict = {}
+    if "sensor_interval" in raw:
+        ms = parse_duration(raw["sensor_interval"], "dagster.sensor_interval")
+        if ms < 1000 or ms % 1000:
+            raise WireInputError("dagster.sensor_interval: use whole seconds, at least 1s")
+        out["sensor_interval_s"] = ms // 1000
+    if "sensor_running" in raw:
+        if not isinstance(raw["sensor_running"], bool):
+            raise WireInputError("dagster.sensor_running: expected true or false")
+        out["sensor_running"] = raw["sensor_running"]
+    if raw.get("schedule") is not None:
+        cron = str(raw["schedule"])
+        if len(cron.split()) != 5:
+            raise WireInputError(f"dagster.schedule: {cron!r} is not a 5-field cron expression")
+        out["schedule"] = cron
+    if "max_watermark_lag" in raw:
+        out["max_watermark_lag"] = parse_duration(raw["max_watermark_lag"], "dagster.max_watermark_lag")
+    if "max_dead_letter_rate" in raw:
+        r = raw["max_dead_letter_rate"]
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+            raise WireInputError("dagster.max_dead_letter_rate: expected a number between 0 and 1")
+        out["max_dead_letter_rate"] = float(r)
+    for k in ("keep_epochs", "max_epochs_per_run"):
+        if k in raw:
+            v = raw[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise WireInputError(f"dagster.{k}: expected a positive integer")
+            out[k] = v
+    return Orchestration(**out)
 
 
 def load_pipeline(path: str | Path) -> Pipeline:

@@ -118,3 +118,46 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+EMPTY_VERSION = "empty"
+
+
+def partition_report(spec: Pipeline, m: Manifest | None, partition: int) -> dict:
+    """What a run reports for one event-time partition: per window the committed file's
+    content hash (the Dagster data_version), rows, and whether the partition is final."""
+    w = m.watermark if m else NEG_INF
+    windows = {}
+    for win in spec.windows:
+        ref = m.outputs.get(win.name, {}).get(str(partition)) if m else None
+        windows[win.name] = {
+            "data_version": ref.sha256[:32] if ref else EMPTY_VERSION,
+            "rows": ref.rows if ref else 0,
+            "file": ref.key if ref else None,
+            "written_by_epoch": ref.epoch if ref else None,
+        }
+    return {
+        "partition": iso(partition),
+        "partition_end": iso(partition + spec.partition),
+        "watermark": iso(w),
+        "epoch": m.epoch if m else 0,
+        "run_id": m.run_id if m else None,
+        "remap": ", ".join(f"{s}:{n}" for s, n in (m.remap.items() if m else [])) or "-",
+        "ready": is_ready(spec, w, partition),
+        "final": is_final(spec, w, partition),
+        "counts_epoch": m.counts.model_dump() if m else {},
+        "counts_total": m.totals.model_dump() if m else {},
+        "balanced": (m.counts.balanced() and m.totals.balanced()) if m else True,
+        "windows": windows,
+    }
+
+
+def watermark_lag(m: Manifest | None) -> int | None:
+    """Event-time lag: the newest event read minus the stream watermark (ms); None before data
+    or once the stream is closed."""
+    if m is None or m.watermark >= INF:
+        return None
+    hi = max([r.max_t for r in m.segments.values()] + [NEG_INF])
+    if hi <= NEG_INF or m.watermark <= NEG_INF:
+        return None
+    return max(0, hi - m.watermark)

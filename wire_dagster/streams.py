@@ -121,10 +121,11 @@ def _split_lines(data: bytes) -> pa.LargeBinaryArray:
     keep[nl] = False
     keep[(stops[cr])] = False
     body = buf[keep]
+    del keep
     lengths = (stops - starts).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(body.tobytes())]
+        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(body)]
     )
 
 
@@ -138,106 +139,112 @@ def _sql_str(s: str) -> str:
 
 def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
     """SQL over `lines(line_no, raw)`: one row per input line with either the normalized
-    columns or a `reason` (the first check it fails). Every check is a vectorised expression."""
-    tp = _sql_str(_json_path(spec.time_field))
+    columns or a `reason` (the first check it fails). Every check is a vectorised expression.
+
+    Each line's JSON is parsed once: `json_extract` with the list of every field path the
+    pipeline uses gives the fields' JSON values (SQL NULL when absent, JSON `null` when null);
+    the checks then look only at those small values, `y<i>` its JSON type, `v<i>` its text.
+    """
+    fields: list[str] = []
+
+    def col(f: str) -> int:
+        if f not in fields:
+            fields.append(f)
+        return fields.index(f) + 1  # DuckDB lists are 1-based
+
+    tf = spec.time_field
+    ti = col(tf)
+    yt, vt = f"y{ti}", f"v{ti}"
     checks: list[tuple[str, str]] = [
         ("oversize", f"'record larger than {max_bytes} bytes'"),
         ("s IS NULL", "'invalid UTF-8'"),
         ("trim(s) = ''", "'empty line'"),
-        ("NOT json_valid(s)", "'unparsable JSON'"),
-        ("json_type(j) <> 'OBJECT'", "'not a JSON object'"),
-        (f"json_type(j, {tp}) IS NULL", _sql_str(f"missing time field {spec.time_field}")),
-        (f"json_type(j, {tp}) = 'NULL'", _sql_str(f"null time field {spec.time_field}")),
+        ("j IS NULL", "'unparsable JSON'"),
+        ("NOT regexp_matches(j, '^\\s*\\{')", "'not a JSON object'"),
+        (f"{yt} IS NULL", _sql_str(f"missing time field {tf}")),
+        (f"{yt} = 'NULL'", _sql_str(f"null time field {tf}")),
         (
-            f"json_type(j, {tp}) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'VARCHAR')",
-            _sql_str(f"time field {spec.time_field} has wrong type (want epoch ms or ISO-8601)"),
+            f"{yt} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'VARCHAR')",
+            _sql_str(f"time field {tf} has wrong type (want epoch ms or ISO-8601)"),
         ),
         (
-            f"json_type(j, {tp}) = 'VARCHAR' AND NOT regexp_matches(tv, '^\\d{{4}}-\\d{{2}}-\\d{{2}}[T ]')",
-            _sql_str(f"non-numeric time field {spec.time_field} (want epoch ms or ISO-8601 with zone)"),
+            f"{yt} = 'VARCHAR' AND NOT regexp_matches({vt}, '^\\d{{4}}-\\d{{2}}-\\d{{2}}[T ]')",
+            _sql_str(f"non-numeric time field {tf} (want epoch ms or ISO-8601 with zone)"),
         ),
         (
-            f"json_type(j, {tp}) = 'VARCHAR' AND NOT regexp_matches(tv, '(Z|z|[+-]\\d{{2}}(:?\\d{{2}})?)$')",
-            _sql_str(f"naive time in {spec.time_field} (ISO-8601 needs a zone, e.g. Z)"),
+            f"{yt} = 'VARCHAR' AND NOT regexp_matches({vt}, '(Z|z|[+-]\\d{{2}}(:?\\d{{2}})?)$')",
+            _sql_str(f"naive time in {tf} (ISO-8601 needs a zone, e.g. Z)"),
         ),
-        ("t IS NULL", _sql_str(f"unparsable time in {spec.time_field}")),
-        (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {spec.time_field}")),
+        ("t IS NULL", _sql_str(f"unparsable time in {tf}")),
+        (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {tf}")),
     ]
     cols = []
-    if spec.key_field:
-        kp = _sql_str(_json_path(spec.key_field))
+    for role, f in (("key", spec.key_field), ("id", spec.id_field)):
+        out_col = KEY if role == "key" else ID
+        if not f:
+            cols.append(f"CAST(NULL AS VARCHAR) AS {out_col}")
+            continue
+        i = col(f)
         checks += [
-            (f"json_type(j, {kp}) IS NULL OR json_type(j, {kp}) = 'NULL'", _sql_str(f"missing key field {spec.key_field}")),
+            (f"y{i} IS NULL OR y{i} = 'NULL'", _sql_str(f"missing {role} field {f}")),
             (
-                f"json_type(j, {kp}) NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
-                _sql_str(f"key field {spec.key_field} has wrong type (want string or integer)"),
+                f"y{i} NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
+                _sql_str(f"{role} field {f} has wrong type (want string or integer)"),
             ),
         ]
-        cols.append(f"json_extract_string(j, {kp}) AS {KEY}")
-    else:
-        cols.append(f"CAST(NULL AS VARCHAR) AS {KEY}")
-    if spec.id_field:
-        ip = _sql_str(_json_path(spec.id_field))
-        checks += [
-            (f"json_type(j, {ip}) IS NULL OR json_type(j, {ip}) = 'NULL'", _sql_str(f"missing id field {spec.id_field}")),
-            (
-                f"json_type(j, {ip}) NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
-                _sql_str(f"id field {spec.id_field} has wrong type (want string or integer)"),
-            ),
-        ]
-        cols.append(f"json_extract_string(j, {ip}) AS {ID}")
-    else:
-        cols.append(f"CAST(NULL AS VARCHAR) AS {ID}")
+        cols.append(f"v{i} AS {out_col}")
     done: set[str] = set()
     for f in spec.numeric_fields:
-        fp = _sql_str(_json_path(f))
+        i = col(f)
         checks.append(
-            (
-                f"json_type(j, {fp}) NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')",
-                _sql_str(f"field {f} has wrong type (want a number)"),
-            )
+            (f"y{i} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')", _sql_str(f"field {f} has wrong type (want a number)"))
         )
-        cols.append(f"TRY_CAST(json_extract_string(j, {fp}) AS DOUBLE) AS {field_column(f)}")
+        cols.append(f"TRY_CAST(v{i} AS DOUBLE) AS {field_column(f)}")
         done.add(f)
     for f in spec.distinct_fields:
         if f in done:
             continue
-        fp = _sql_str(_json_path(f))
-        checks.append(
-            (f"json_type(j, {fp}) IN ('OBJECT', 'ARRAY')", _sql_str(f"field {f} has wrong type (want a scalar)"))
-        )
-        cols.append(f"json_extract_string(j, {fp}) AS {field_column(f)}")
+        i = col(f)
+        checks.append((f"y{i} IN ('OBJECT', 'ARRAY')", _sql_str(f"field {f} has wrong type (want a scalar)")))
+        cols.append(f"v{i} AS {field_column(f)}")
     for f in spec.gap_fields:
-        fp = _sql_str(_json_path(f))
+        i = col(f)
         checks.append(
             (
-                f"json_type(j, {fp}) IS NOT NULL AND json_type(j, {fp}) <> 'NULL' AND "
-                f"(json_type(j, {fp}) NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(json_extract_string(j, {fp}) AS BIGINT) <= 0)",
+                f"y{i} IS NOT NULL AND y{i} <> 'NULL' AND "
+                f"(y{i} NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(v{i} AS BIGINT) <= 0)",
                 _sql_str(f"gap field {f} must be a positive integer (ms)"),
             )
         )
-        cols.append(f"TRY_CAST(json_extract_string(j, {fp}) AS BIGINT) AS {field_column(f)}")
+        cols.append(f"TRY_CAST(v{i} AS BIGINT) AS {field_column(f)}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
+    paths = "[" + ", ".join(_sql_str(_json_path(f)) for f in fields) + "]"
+    typed = ", ".join(f"json_type(x[{i}]) AS y{i}, json_extract_string(x[{i}], '$') AS v{i}" for i in range(1, len(fields) + 1))
     return f"""
     WITH a AS (
         SELECT line_no, raw, octet_length(raw) > {max_bytes} AS oversize,
                CASE WHEN octet_length(raw) > {max_bytes} THEN NULL ELSE try(decode(raw)) END AS s
         FROM lines
     ), b AS (
-        SELECT *, CASE WHEN s IS NOT NULL AND json_valid(s) THEN CAST(s AS JSON) END AS j FROM a
+        SELECT *, CASE WHEN json_valid(s) THEN s END AS j FROM a
     ), c AS (
-        SELECT *, json_extract_string(j, {tp}) AS tv FROM b
+        SELECT *, json_extract(j, {paths}) AS x FROM b
+    ), c2 AS (
+        SELECT * EXCLUDE (x), {typed} FROM c
     ), d AS (
         SELECT *, CASE
-            WHEN json_type(j, {tp}) IN ('BIGINT', 'UBIGINT') THEN TRY_CAST(tv AS BIGINT)
-            WHEN json_type(j, {tp}) = 'DOUBLE' AND TRY_CAST(tv AS DOUBLE) = floor(TRY_CAST(tv AS DOUBLE))
-                 AND abs(TRY_CAST(tv AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST(tv AS DOUBLE) AS BIGINT)
-            WHEN json_type(j, {tp}) = 'VARCHAR' THEN epoch_ms(TRY_CAST(tv AS TIMESTAMPTZ))
-        END AS t FROM c
+            WHEN {yt} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({vt} AS BIGINT)
+            WHEN {yt} = 'DOUBLE' AND TRY_CAST({vt} AS DOUBLE) = floor(TRY_CAST({vt} AS DOUBLE))
+                 AND abs(TRY_CAST({vt} AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST({vt} AS DOUBLE) AS BIGINT)
+            WHEN {yt} = 'VARCHAR' THEN epoch_ms(TRY_CAST({vt} AS TIMESTAMPTZ))
+        END AS t FROM c2
+    ), e AS (
+        SELECT line_no, t AS {TIME}, {", ".join(cols)}, {reason} AS reason, s, raw FROM d
     )
-    SELECT line_no, t AS {TIME}, {", ".join(cols)}, {reason} AS reason,
-           substr(coalesce(s, CAST(raw AS VARCHAR)), 1, {RAW_KEEP}) AS record
-    FROM d ORDER BY line_no
+    SELECT * EXCLUDE (s, raw),
+           CASE WHEN reason IS NOT NULL THEN substr(s, 1, {RAW_KEEP}) END AS record,
+           CASE WHEN reason IS NOT NULL AND s IS NULL THEN raw END AS raw_bad
+    FROM e ORDER BY line_no
     """
 
 
@@ -273,11 +280,22 @@ def _split_valid(spec: Pipeline, out: pa.Table) -> tuple[pa.Table, pa.Table]:
         {
             "row": bad["line_no"],
             "reason": pc.binary_join_element_wise(pa.scalar("malformed: "), bad["reason"], ""),
-            "record": bad["record"],
+            "record": _record_text(bad["record"], bad["raw_bad"]),
         },
         schema=DLQ_SCHEMA,
     )
     return good, dlq
+
+
+def _record_text(record: pa.ChunkedArray, raw_bad: pa.ChunkedArray) -> pa.Array:
+    """The dead letter's copy of its record: the line as text; for a line that is not valid
+    UTF-8 or is oversized (never decoded by SQL), its first RAW_KEEP bytes decoded with
+    U+FFFD for bad bytes, so the event stays readable. Runs over dead letters only."""
+    texts = record.to_pylist()
+    for i, raw in enumerate(raw_bad.to_pylist()):
+        if texts[i] is None and raw is not None:
+            texts[i] = raw[:RAW_KEEP].decode("utf-8", "replace")
+    return pa.array(texts, pa.string())
 
 
 def parquet_to_lines(table: pa.Table) -> pa.LargeBinaryArray:
@@ -289,8 +307,23 @@ def parquet_to_lines(table: pa.Table) -> pa.LargeBinaryArray:
     return res["raw"].combine_chunks().cast(pa.large_binary())
 
 
+@dataclass(frozen=True)
+class InputFile:
+    """A validated input file: its record count and its records `[lo, hi)` as JSON lines."""
+
+    rows: int
+    lines: Callable[[int, int], pa.LargeBinaryArray]
+
+
 def read_input(path: Path) -> pa.LargeBinaryArray:
-    """Read JSONL or Parquet input into lines; a missing/unreadable/empty file is bad input (exit 2)."""
+    """Every record of a JSONL or Parquet file as one JSON line each (see `open_input`)."""
+    inp = open_input(path)
+    return inp.lines(0, inp.rows)
+
+
+def open_input(path: Path) -> InputFile:
+    """Open JSONL or Parquet input; a missing/unreadable/empty/corrupt file is bad input (exit 2),
+    raised here, before anything is written. Parquet rows become JSON lines one chunk at a time."""
     if not path.exists():
         raise WireInputError(f"--file: no such file {str(path)!r}")
     if not path.is_file():
@@ -308,8 +341,10 @@ def read_input(path: Path) -> pa.LargeBinaryArray:
             raise WireInputError(f"--file: {str(path)!r} is not a readable Parquet file ({e.__class__.__name__})") from None
         if table.num_rows == 0:
             raise WireInputError(f"--file: {str(path)!r} has no rows; nothing to append")
-        return parquet_to_lines(table)
-    return _split_lines(data)
+        return InputFile(table.num_rows, lambda lo, hi: parquet_to_lines(table.slice(lo, hi - lo)))
+    lines = _split_lines(data)
+    del data
+    return InputFile(len(lines), lambda lo, hi: lines.slice(lo, hi - lo))
 
 
 # ---------------------------------------------------------------------------
@@ -397,24 +432,21 @@ def produce(
     before anything is written.
     """
     check_name(segment, "--segment")
-    lines = read_input(Path(path))
-    ingest = now_ms()
-    good, dlq = normalize_lines(spec, lines, ingest)
+    inp = open_input(Path(path))
+    ingest = now_ms()  # one upper time bound for the whole file
     n = chunk_rows or spec.chunk_rows
-    total = len(lines)
     seqs: list[int] = []
-    import pyarrow.compute as pc
-
-    for lo in range(0, total, n):
-        hi = min(lo + n, total)
-        g = good.filter(pc.and_(pc.greater_equal(good[ROW], lo), pc.less(good[ROW], hi)))
-        d = dlq.filter(pc.and_(pc.greater_equal(dlq["row"], lo), pc.less(dlq["row"], hi)))
-        g = g.set_column(g.schema.get_field_index(ROW), ROW, pc.subtract(g[ROW], lo))
-        d = d.set_column(0, "row", pc.subtract(d["row"], lo))
-        seqs.append(append_chunk(store, spec, segment, g, d).seq)
+    events = malformed = 0
+    # One chunk of input at a time: memory is the file plus one chunk, whatever the file's length.
+    for lo in range(0, inp.rows, n):
+        hi = min(lo + n, inp.rows)
+        good, dlq = normalize_lines(spec, inp.lines(lo, hi), ingest)  # rows relative to the chunk
+        seqs.append(append_chunk(store, spec, segment, good, dlq).seq)
+        events += good.num_rows
+        malformed += dlq.num_rows
         if progress:
-            progress(hi, total)
-    return ProduceReport(spec.stream, segment, seqs, good.num_rows, dlq.num_rows)
+            progress(hi, inp.rows)
+    return ProduceReport(spec.stream, segment, seqs, events, malformed)
 
 
 def close_stream(store: ObjectStore, spec: Pipeline) -> dict[str, int]:

@@ -1,0 +1,83 @@
+"""`wire tick`: one real evaluation of a pipeline's Dagster sensor, then each requested
+run executed in-process, through the same job and assets the daemon launches."""
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from sensors import job_name, sensor_name
+from wire_dagster.spec import Pipeline
+
+INSTANCE_YAML = """\
+# Written by Wire: a project-local Dagster instance (SQLite storage).
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    tag_concurrency_limits:
+      - key: wire/pipeline
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+  pools:
+    default_limit: 1
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_dagster_home(home: Path | None = None) -> Path:
+    """DAGSTER_HOME, else `<WIRE_HOME>/dagster`, created with Wire's instance config."""
+    from wire_dagster.embedded import default_home
+
+    d = Path(os.environ.get("DAGSTER_HOME") or (home or default_home()) / "dagster")
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = d / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(INSTANCE_YAML)
+    os.environ["DAGSTER_HOME"] = str(d)
+    return d
+
+
+def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
+    from definitions import build_definitions
+    from resources import default_resources
+
+    ensure_dagster_home()
+    defs = build_definitions(pipelines)
+    instance = dg.DagsterInstance.get()
+    sensor_def = defs.resolve_sensor_def(sensor_name(spec))
+    key = f"wire/tick-cursor/{spec.name}"
+    cursor = instance.run_storage.get_cursor_values({key}).get(key)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=default_resources(), definitions=defs) as ctx:
+        result = sensor_def(ctx)
+    reqs = list(result.run_requests or [])
+    job = defs.resolve_job_def(job_name(spec))
+    done = []
+    for rr in reqs:
+        existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
+        if existing and existing[0].is_success:
+            done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": "SKIPPED (already ran)", "run_id": existing[0].run_id})
+            continue
+        if console is not None:
+            console.print(f"running {rr.run_key} (partition {rr.partition_key})")
+        res = job.execute_in_process(
+            instance=instance,
+            partition_key=rr.partition_key,
+            tags={**rr.tags, "dagster/run_key": rr.run_key, "wire/launched-by": "wire tick"},
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": os.environ.get("WIRE_TICK_LOG_LEVEL", "WARNING")}}}},
+        )
+        status = "SUCCESS" if res.success else "FAILURE"
+        if not res.success and console is not None:
+            for ev in res.all_events:
+                if ev.is_failure and ev.event_specific_data is not None:
+                    err = getattr(ev.event_specific_data, "error", None)
+                    if err is not None:
+                        console.print(f"  {err.cls_name}: {err.message.strip().splitlines()[0]}")
+        done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": status, "run_id": res.run_id})
+    if result.cursor is not None:
+        instance.run_storage.set_cursor_values({key: result.cursor})
+    return [d for d in done if not d["status"].startswith("SKIPPED")] + [d for d in done if d["status"].startswith("SKIPPED")]

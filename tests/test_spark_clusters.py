@@ -1,0 +1,514 @@
+"""The kernel, unchanged, on a Spark standalone cluster and through Spark Connect (DESIGN §5).
+
+One small pipeline (tumbling, sliding and session windows; an id field with
+retried appends) is produced once to the embedded S3 server and processed
+three times, each time by `engine.process` into its own checkpoints:
+
+    local[2]    in this process (the session-wide `spark` fixture)
+    standalone  a driver subprocess with WIRE_SPARK_MASTER=spark://127.0.0.1:P
+                (master + 2 workers started here from pyspark's jars; the
+                executors are separate JVMs with their own Python workers, and
+                read the chunks from S3 themselves)
+    connect     a driver subprocess with WIRE_SPARK_REMOTE=sc://127.0.0.1:P
+                (a Spark Connect server started here, in the foreground)
+
+The committed results must be identical across the three, and equal to a
+brute-force batch aggregation (the stream is closed, nothing is late).
+
+A classic SparkContext is one per process, and a Spark Connect session marks
+the whole process as "remote" (SPARK_CONNECT_MODE_ENABLED), so both drivers
+run in subprocesses: this very file run as a script (`python
+test_spark_clusters.py '<json>'`). Every JVM started here is in its own process
+group; teardown kills each group and asserts nothing of it is left.
+
+WIRE_CONNECT_ON_CLUSTER=1 runs the Connect server on the standalone cluster
+(as docker/compose.yaml does) instead of on local[2].
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+PIPELINE = {
+    "name": "kc_local",
+    "stream": "kc",
+    "event": {"key": "user", "time": "ts", "id": "eid"},
+    "watermark": {"max_out_of_orderness": "5s", "idle_timeout": "1m"},
+    "lateness": {"allowed": "30s"},
+    "partition": "5m",
+    "start": "2026-01-01T00:00:00Z",
+    "limits": {"chunk_rows": 400, "max_chunks_per_epoch": 4},
+    "windows": [
+        {"name": "per_minute", "type": "tumbling", "size": "1m",
+         "aggregates": {"events": "count", "total": "sum(amount)", "top": "max(amount)", "pages": "count_distinct(page)"}},
+        {"name": "five_by_one", "type": "sliding", "size": "5m", "slide": "1m",
+         "aggregates": {"events": "count", "mean": "avg(amount)", "low": "min(amount)"}},
+        {"name": "sessions", "type": "session", "gap": "30s",
+         "aggregates": {"events": "count", "total": "sum(amount)"}},
+    ],
+}
+WINDOWS = [w["name"] for w in PIPELINE["windows"]]
+DRIVER_TIMEOUT = 300  # seconds for one driver subprocess (JVM start + 3 epochs)
+START_TIMEOUT = 120  # seconds for the master, the workers or the Connect server to come up
+
+
+def spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (zombies excluded)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None) -> None:
+    """Poll `cond` until true; fail after `timeout`, or at once if `alive()` reports a dead process."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        dead = alive()
+        if dead:
+            raise AssertionError(f"{what}: {dead}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout:.0f}s")
+        time.sleep(0.25)
+
+
+@dataclass
+class Daemon:
+    """One JVM (or script that execs one) in its own process group, logging to a file."""
+
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Daemon:
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def dead(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.name} exited {self.proc.returncode}; log tail:\n{self.tail()}"
+        return None
+
+    def tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 20) -> list[int]:
+        """SIGTERM the group, SIGKILL what is left after `grace`; returns the pids still there (should be none)."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while group_members(pgid) and time.monotonic() < deadline:
+                if self.proc.poll() is None:
+                    try:
+                        self.proc.wait(timeout=0.2)
+                    except subprocess.TimeoutExpired:
+                        pass
+                else:
+                    time.sleep(0.2)
+            if not group_members(pgid):
+                break
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=5)
+        return group_members(pgid)
+
+
+def base_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "WIRE_SPARK_REMOTE", "WIRE_SPARK_MASTER", "PYSPARK_SUBMIT_ARGS"):
+        env.pop(k, None)
+    env.update(
+        SPARK_HOME=spark_home(),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOG_DIR=str(tmp / "logs"),
+        SPARK_PID_DIR=str(tmp / "pids"),
+        SPARK_DAEMON_MEMORY="512m",
+        SPARK_DAEMON_JAVA_OPTS="-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+        SPARK_CONNECT_MODE="0",
+        WIRE_SPARK_LOCAL_DIR=str(tmp / "local"),
+    )
+    return env
+
+
+# ---------------------------------------------------------------------------
+# The JVMs: a standalone cluster (master + 2 workers) and a Spark Connect server.
+
+
+@dataclass
+class Cluster:
+    master_url: str
+    ui: int
+    work_dirs: list[Path]
+    daemons: list[Daemon] = field(default_factory=list)
+
+    def state(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=2) as r:
+                return json.load(r)
+        except (OSError, ValueError):
+            return {}
+
+
+def stop_all(daemons: list[Daemon]) -> None:
+    left = {d.name: d.stop() for d in reversed(daemons)}
+    assert not any(left.values()), f"processes left after killing their groups: {left}"
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("standalone")
+    env = base_env(tmp)
+    cls = f"{spark_home()}/bin/spark-class"
+    port, ui = free_port(), free_port()
+    master = Daemon("master", [cls, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+                    env, tmp / "master.log")
+    cluster = Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)], [master])
+    try:
+        master.start()
+        wait_until(lambda: cluster.state().get("status") == "ALIVE", START_TIMEOUT, "standalone master", master.dead)
+        for i, wd in enumerate(cluster.work_dirs):
+            w = Daemon(f"worker{i}", [cls, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--cores", "1", "--memory", "1g",
+                                      "--host", "127.0.0.1", "--webui-port", str(free_port()), "--work-dir", str(wd)], env, tmp / f"worker{i}.log")
+            cluster.daemons.append(w.start())
+
+        def workers_alive() -> bool:
+            return sum(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])) == 2
+
+        def any_dead() -> str | None:
+            return next((d.dead() for d in cluster.daemons if d.dead()), None)
+
+        wait_until(workers_alive, START_TIMEOUT, "two standalone workers registered", any_dead)
+        yield cluster
+    finally:
+        stop_all(cluster.daemons)
+
+
+@pytest.fixture(scope="module")
+def connect_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server in the foreground (what start-connect-server.sh --wait runs), on loopback."""
+    tmp = tmp_path_factory.mktemp("connect")
+    env = base_env(tmp)
+    port = free_port()
+    master, extra = "local[2]", []
+    if os.environ.get("WIRE_CONNECT_ON_CLUSTER") == "1":
+        master = request.getfixturevalue("standalone").master_url
+        extra = ["--conf", "spark.cores.max=2", "--conf", "spark.executor.memory=512m"]
+    cmd = [
+        f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--name", "Spark Connect server", "--master", master, "--driver-memory", "1g",
+        "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'local'}", *extra,
+    ]
+    server = Daemon("connect-server", cmd, env, tmp / "connect.log")
+
+    def listening() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    try:
+        server.start()
+        wait_until(listening, START_TIMEOUT, "Spark Connect server listening", server.dead)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        stop_all([server])
+
+
+# ---------------------------------------------------------------------------
+# The data, produced once, and the local[2] run in this process.
+
+
+def make_events(seed: int = 11, keys: int = 24) -> list[dict]:
+    """Bursts per key (sessions), gaps of 40 s to 4 min between bursts, about 3000 events over ~40 min,
+    out of order by up to 2 s (less than the 5 s bound: nothing is late); some appends retried (same id)."""
+    rng = random.Random(seed)
+    t0 = 1_767_225_600_000 + 3_600_000  # 2026-01-01T01:00:00Z
+    out = []
+    for k in range(keys):
+        t = t0 + rng.randrange(0, 120_000)
+        while t < t0 + 40 * 60_000:
+            for _ in range(rng.randrange(3, 15)):
+                out.append({"user": f"u{k:02d}", "ts": t, "amount": rng.choice([None, round(rng.uniform(0, 100), 2)] + [round(rng.uniform(0, 100), 2)] * 8),
+                            "page": f"p{rng.randrange(6)}"})
+                t += rng.randrange(500, 12_000)
+            t += rng.randrange(40_000, 240_000)
+    out.sort(key=lambda e: e["ts"])
+    for i, e in enumerate(out):
+        e["eid"] = f"e{i}"
+        e["ts"] += rng.randrange(-2000, 2000)
+    return out
+
+
+@dataclass
+class Dataset:
+    store: object
+    s3_env: dict[str, str]
+    events: list[dict]  # unique events (the retries removed)
+    retries: int
+    now: int
+    local: dict  # what the local[2] run committed
+
+
+def run_outputs(store, spec) -> dict:
+    """Everything a run committed that must not depend on where Spark ran."""
+    from wire_dagster.checkpoint import Checkpoints
+    from wire_dagster.engine import read_dead_letters, read_results
+
+    m = Checkpoints(store, spec.name).latest()
+    return {
+        "results": {w: read_results(store, spec, w).to_pylist() for w in WINDOWS},
+        "dead": sorted((d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in read_dead_letters(store, spec)),
+        "totals": m.totals.model_dump(mode="json") if m else None,
+        "epochs": m.epoch if m else 0,
+        "watermark": m.watermark if m else None,
+    }
+
+
+def spec_named(name: str):
+    from wire_dagster.spec import pipeline_from_dict
+
+    return pipeline_from_dict(dict(PIPELINE, name=name))
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server, spark, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    from wire_dagster.engine import process
+    from wire_dagster.objectstore import ObjectStore, S3Config
+    from wire_dagster.streams import close_stream, produce
+
+    cfg = replace(s3_server, bucket="t-clusters-" + uuid.uuid4().hex[:8])
+    store = ObjectStore(cfg)
+    store.ensure_bucket()
+    spec = spec_named("kc_local")
+    events = make_events()
+    rng = random.Random(5)
+    tmp = tmp_path_factory.mktemp("clusters-data")
+    retries = 0
+    for seg in ("a", "b"):  # two segments (two producers), keys split between them
+        rows = [e for e in events if (int(e["user"][1:]) % 2 == 0) == (seg == "a")]
+        lines = []
+        for e in rows:
+            lines.append(json.dumps(e))
+            if rng.random() < 0.02:  # a retried append: same id, same content, a few rows later
+                lines.insert(len(lines) - rng.randrange(0, 3) - 0, json.dumps(e))
+                retries += 1
+        path = tmp / f"{seg}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        rep = produce(store, spec, path, segment=seg)
+        assert rep.malformed == 0 and rep.events == len(lines)
+    close_stream(store, spec)
+    now = max(e["ts"] for e in events) + 1000  # a fixed processing time: the same idle decisions in every mode
+    out = process(store, spec, spark, max_epochs=50, now=now)
+    assert len(out.committed) >= 3, f"expected several epochs (state carried across them), got {out.committed}"
+    return Dataset(store, cfg.export_env(), events, retries, now, run_outputs(store, spec))
+
+
+def run_driver(ds: Dataset, name: str, env_extra: dict[str, str], tmp: Path) -> dict:
+    """This file as a script in its own process group: get_spark() from the environment, then engine.process."""
+    env = base_env(tmp)
+    env.update(ds.s3_env)
+    env.update(env_extra)
+    arg = json.dumps({"pipeline": dict(PIPELINE, name=name), "now": ds.now})
+    log = tmp / f"{name}.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([sys.executable, __file__, arg], env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, cwd=str(Path(__file__).parent))
+    try:
+        p.wait(timeout=DRIVER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        raise AssertionError(f"driver {name} did not finish in {DRIVER_TIMEOUT}s:\n{log.read_text(errors='replace')[-3000:]}") from None
+    finally:
+        # The driver's own JVM (and its Python workers) must go with it: give them a bounded while.
+        deadline = time.monotonic() + 30
+        while (left := group_members(p.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    assert p.returncode == 0, f"driver {name} exited {p.returncode}:\n{text[-4000:]}"
+    assert not left, f"driver {name} left processes behind: {left}"
+    reports = [ln[len("WIRE_REPORT "):] for ln in text.splitlines() if ln.startswith("WIRE_REPORT ")]
+    assert reports, text[-3000:]
+    return json.loads(reports[-1])
+
+
+# ---------------------------------------------------------------------------
+
+
+def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
+    from reference import batch
+
+    from wire_dagster.spec import field_column
+
+    evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"], field_column("page"): e["page"]} for e in events]
+    out = {}
+    for w in spec.windows:
+        rows = batch(spec, w, evs)
+        out[w.name] = [rows[k] for k in sorted(rows)]
+    return out
+
+
+def assert_rows_equal(got: list[dict], want: list[dict], what: str) -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} rows, want {len(want)}"
+    for g, w in zip(got, want):
+        assert set(g) == set(w), f"{what}: columns {sorted(g)} vs {sorted(w)}"
+        for c in w:
+            if isinstance(w[c], float) and g[c] is not None:
+                assert g[c] == pytest.approx(w[c], rel=1e-12, abs=1e-9), f"{what}: {c} of {w}: got {g[c]}"
+            else:
+                assert g[c] == w[c], f"{what}: {c} of {w}: got {g[c]}"
+
+
+def test_local_run_matches_brute_force(dataset: Dataset) -> None:
+    """The baseline: local[2], several epochs, closed stream → a plain batch aggregation; retries are duplicates."""
+    spec = spec_named("kc_local")
+    want = brute_force(spec, dataset.events)
+    for w in WINDOWS:
+        assert_rows_equal(dataset.local["results"][w], want[w], w)
+    dead = dataset.local["dead"]
+    assert [d[0] for d in dead] == ["duplicate"] * dataset.retries and dataset.retries > 0
+    t = dataset.local["totals"]
+    assert t["events_in"] == len(dataset.events) + dataset.retries
+    for w in WINDOWS:
+        assert t["counted"][w] == len(dataset.events) and t["late"][w] == 0
+    assert dataset.local["watermark"] == 2**62  # closed stream, all read
+
+
+def test_standalone_cluster_matches_local(dataset: Dataset, standalone: Cluster, tmp_path: Path) -> None:
+    """A driver with WIRE_SPARK_MASTER=spark://… (and an empty WIRE_SPARK_REMOTE, meaning unset) runs the kernel
+    on two executor JVMs, which read the chunks from S3 with the credentials shipped in the closure."""
+    rep = run_driver(dataset, "kc_standalone", {"WIRE_SPARK_MASTER": standalone.master_url, "WIRE_SPARK_REMOTE": ""}, tmp_path)
+    assert rep["kind"] == "classic" and rep["master"] == standalone.master_url, rep
+    assert rep["executors"] == 2, rep
+    # Each worker launched an executor for this application (its work dir holds the executor's logs).
+    for wd in standalone.work_dirs:
+        assert list((wd / rep["app_id"]).glob("*/stderr")), f"no executor of {rep['app_id']} ran under {wd}"
+    apps = [a for a in standalone.state().get("completedapps", []) + standalone.state().get("activeapps", []) if a.get("id") == rep["app_id"]]
+    assert apps, "the application is not known to the standalone master"
+    got = run_outputs(dataset.store, spec_named("kc_standalone"))
+    assert got == dataset.local
+
+
+def test_spark_connect_matches_local(dataset: Dataset, connect_server: str, tmp_path: Path) -> None:
+    """A driver with WIRE_SPARK_REMOTE=sc://… (it wins over WIRE_SPARK_MASTER) starts no JVM of its own."""
+    rep = run_driver(dataset, "kc_connect", {"WIRE_SPARK_REMOTE": connect_server, "WIRE_SPARK_MASTER": "local[1]"}, tmp_path)
+    assert rep["kind"] == "connect", rep
+    assert rep["java_children"] == [], rep
+    got = run_outputs(dataset.store, spec_named("kc_connect"))
+    assert got == dataset.local
+
+
+def test_spark_target_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """WIRE_SPARK_REMOTE wins when set and non-empty; WIRE_SPARK_MASTER defaults to local[*]; bad values are input errors."""
+    from wire_dagster.errors import WireInputError
+    from wire_dagster.sparksession import driver_host, spark_target
+
+    monkeypatch.delenv("WIRE_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("WIRE_SPARK_MASTER", raising=False)
+    monkeypatch.delenv("WIRE_SPARK_DRIVER_HOST", raising=False)
+    assert spark_target() == ("master", "local[*]")
+    monkeypatch.setenv("WIRE_SPARK_REMOTE", "  ")
+    monkeypatch.setenv("WIRE_SPARK_MASTER", "spark://10.0.0.5:7077")
+    assert spark_target() == ("master", "spark://10.0.0.5:7077")
+    assert spark_target(master="local[2]") == ("master", "local[2]")
+    monkeypatch.setenv("WIRE_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert spark_target() == ("remote", "sc://127.0.0.1:15002")
+    for bad_remote in ("http://x:1", "sc://"):
+        monkeypatch.setenv("WIRE_SPARK_REMOTE", bad_remote)
+        with pytest.raises(WireInputError, match="WIRE_SPARK_REMOTE"):
+            spark_target()
+    monkeypatch.delenv("WIRE_SPARK_REMOTE")
+    monkeypatch.setenv("WIRE_SPARK_MASTER", "spark:/oops")
+    with pytest.raises(WireInputError, match="WIRE_SPARK_MASTER"):
+        spark_target()
+    # Executors must reach the driver: loopback only when the cluster is on loopback.
+    assert driver_host("local[*]") == "127.0.0.1"
+    assert driver_host("spark://127.0.0.1:7077") == "127.0.0.1"
+    assert driver_host("spark://spark-master:7077") is None
+    monkeypatch.setenv("WIRE_SPARK_DRIVER_HOST", "code-location")
+    assert driver_host("spark://spark-master:7077") == "code-location"
+
+
+# ---------------------------------------------------------------------------
+# Script mode: the driver subprocess.
+
+
+def _drive(cfg: dict) -> None:
+    import psutil
+
+    from wire_dagster.engine import process
+    from wire_dagster.objectstore import ObjectStore, S3Config
+    from wire_dagster.sparksession import get_spark
+    from wire_dagster.spec import pipeline_from_dict
+
+    spark = get_spark(app="wire-test-clusters")
+    store = ObjectStore(S3Config.from_env())
+    spec = pipeline_from_dict(cfg["pipeline"])
+    out = process(store, spec, spark, max_epochs=50, now=cfg["now"])
+    rep: dict = {"committed": out.committed}
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        rep["kind"] = "connect"
+    else:
+        sc = spark.sparkContext
+        rep.update(kind="classic", master=sc.master, app_id=sc.applicationId, executors=sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+    rep["java_children"] = [p.pid for p in psutil.Process().children(recursive=True) if "java" in p.name()]
+    spark.stop()
+    print("WIRE_REPORT " + json.dumps(rep), flush=True)
+
+
+if __name__ == "__main__":
+    _drive(json.loads(sys.argv[1]))

@@ -1,0 +1,146 @@
+"""Backfills: recompute partitions from the recorded remap (DESIGN §2 Determinism).
+
+A backfill replays the pipeline's committed timeline — the same chunks in the
+same epochs with the same recorded watermarks — through the Spark kernel with
+the current code, and rebuilds the content of the requested partitions. If it
+equals what is committed (same code, same input) nothing new is committed and
+the data version stays; if it differs (the code or configuration changed), the
+new content is committed as a new epoch through the two-phase protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .checkpoint import Checkpoints, Counts, Manifest, new_run_id, parquet_bytes, sha256
+from .engine import apply_changes, partition_starts
+from .errors import CommitConflict, WireInputError
+from .kernel import read_events, run_epoch
+from .objectstore import ObjectStore
+from .spec import Pipeline
+from .streams import read_stream
+from .timeutil import NEG_INF, now_ms
+
+
+@dataclass(frozen=True)
+class Step:
+    epoch: int
+    remap: dict[str, int]
+    watermark: int
+
+
+def timeline(cp: Checkpoints, latest: Manifest) -> list[Step]:
+    """The processing epochs that led to `latest`, oldest first (a rewind cuts the
+    timeline back to the epoch it restored; a backfill epoch reads nothing)."""
+    steps: list[Step] = []
+    for n in range(1, latest.epoch + 1):
+        if cp.marker(n) is None:
+            continue
+        try:
+            m = cp.load(n)
+        except Exception as e:  # noqa: BLE001 - a garbage-collected manifest
+            raise WireInputError(
+                f"cannot recompute {cp.pipeline}: the manifest of epoch {n} is gone ({e.__class__.__name__}); "
+                "keep more epochs (limits.keep_epochs) to backfill this far"
+            ) from None
+        if m.kind == "rewind":
+            steps = [s for s in steps if s.epoch <= (m.rewound_to or 0)]
+        elif m.kind == "process":
+            steps.append(Step(n, m.remap, m.watermark))
+    return steps
+
+
+def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> dict[str, dict[int, pa.Table | None]]:
+    """The content of `partitions` for every window, rebuilt by replaying the timeline."""
+    cp = Checkpoints(store, spec.name)
+    latest = cp.latest()
+    if latest is None:
+        return {w.name: {p: None for p in partitions} for w in spec.windows}
+    steps = timeline(cp, latest)
+    contents: dict[str, dict[int, pa.Table | None]] = {w.name: {p: None for p in partitions} for w in spec.windows}
+    state: dict = {w.name: None for w in spec.windows}
+    ids = None
+    w_prev = NEG_INF
+    offsets: dict[str, int] = {}
+    for i, st in enumerate(steps):
+        if progress:
+            progress(i + 1, len(steps))
+        views = read_stream(store, spec.stream, offsets)
+        chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
+        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
+        res = run_epoch(spark, spec, events, state, ids, w_prev, st.watermark)
+        for w in spec.windows:
+            rows = res.windows[w.name].outputs
+            if rows.num_rows:
+                ps = partition_starts(spec, rows["window_end"])
+                for p in partitions:
+                    sel = rows.filter(pc.equal(ps, p))
+                    if sel.num_rows:
+                        contents[w.name][p] = apply_changes(contents[w.name][p], sel)
+            state[w.name] = res.windows[w.name].state
+        ids = res.ids
+        w_prev = st.watermark
+        offsets = st.remap
+    return contents
+
+
+def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> Manifest | None:
+    """Recompute partitions; commit them as a new epoch only where the content changed.
+
+    Returns the new epoch's manifest, or None when the recomputation reproduced
+    the committed content exactly.
+    """
+    cp = Checkpoints(store, spec.name)
+    for _attempt in range(3):
+        latest = cp.latest()
+        if latest is None:
+            return None
+        contents = recompute(store, spec, spark, partitions, progress)
+        run_id = new_run_id()
+        outputs = {w: dict(p) for w, p in latest.outputs.items()}
+        changed: dict[str, list[int]] = {}
+        for w, parts in contents.items():
+            for p, table in parts.items():
+                old = outputs.get(w, {}).get(str(p))
+                if table is None or table.num_rows == 0:
+                    if old is not None:
+                        outputs[w].pop(str(p))
+                        changed.setdefault(w, []).append(p)
+                    continue
+                data = parquet_bytes(table)
+                if old is not None and old.sha256 == sha256(data):
+                    continue
+                ref = cp.stage(run_id, f"out/{w}/{p}.parquet", data, table.num_rows, latest.epoch + 1)
+                outputs.setdefault(w, {})[str(p)] = ref
+                changed.setdefault(w, []).append(p)
+        if not changed:
+            return None
+        m = latest.model_copy(
+            update={
+                "epoch": latest.epoch + 1,
+                "previous": latest.epoch,
+                "run_id": run_id,
+                "kind": "backfill",
+                "rewound_to": None,
+                "fingerprint": spec.fingerprint(),
+                "config": spec.model_dump(mode="json", exclude={"source"}),
+                "prev_watermark": latest.watermark,
+                "chunks": {},
+                "outputs": outputs,
+                "changed": changed,
+                "counts": Counts(),
+                "created_ms": now_ms(),
+            }
+        )
+        cp.prepare(m)
+        try:
+            cp.commit(m)
+        except CommitConflict:
+            cp.abort(run_id)
+            continue
+        cp.publish(m, changed)
+        return m
+    raise CommitConflict(f"backfill of {spec.name}: lost the commit race three times; retry")

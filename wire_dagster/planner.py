@@ -1,0 +1,118 @@
+"""What a watermark sensor asks for (DESIGN §1 Partitions), as a pure core function.
+
+A partition P = [p_start, p_end) is *ready* when W >= p_end and *final* when
+W >= p_end + allowed_lateness. The planner returns one request per partition
+and epoch: for every committed epoch after the cursor, the partitions it
+changed (or made ready); and for the pending chunks, the partitions the next
+epoch will make ready or that late data in them can change. A request is keyed
+by (pipeline, epoch, partition), so a planned request and the same epoch's
+committed change coincide and one tick never launches twice. The cursor is
+the last committed epoch seen: it moves only with commits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .checkpoint import Checkpoints
+from .objectstore import ObjectStore
+from .spec import Pipeline
+from .streams import read_stream
+from .timeutil import INF, NEG_INF, iso, now_ms
+from .watermark import SegmentClock, advance, select_chunks
+
+
+@dataclass(frozen=True)
+class Request:
+    epoch: int
+    partition: int  # partition start, ms
+    reason: str  # committed | ready | late
+
+    def run_key(self, pipeline: str) -> str:
+        return f"{pipeline}:e{self.epoch}:{iso(self.partition)}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    requests: list[Request]
+    cursor: str
+    committed_epoch: int
+    watermark: int
+    predicted_watermark: int
+    pending_chunks: int
+
+
+def parse_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    return int(json.loads(cursor).get("epoch", 0))
+
+
+def _partitions_between(spec: Pipeline, w_lo: int, w_hi: int, hi_t: int) -> list[int]:
+    """Partitions whose end falls in (w_lo, w_hi], bounded by the data (no partition
+    after the last window any read event can belong to)."""
+    if hi_t <= NEG_INF or w_hi <= w_lo:
+        return []
+    last = spec.start + ((min(hi_t + spec.max_extent, INF) - 1 - spec.start) // spec.partition) * spec.partition
+    first_end = max(w_lo, spec.start)
+    p = spec.start + ((first_end - spec.start) // spec.partition) * spec.partition
+    p = max(spec.start, p - spec.partition)
+    out = []
+    while p <= last:
+        if w_lo < p + spec.partition <= w_hi:
+            out.append(p)
+        p += spec.partition
+    return out
+
+
+def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None = None) -> Plan:
+    cp = Checkpoints(store, spec.name)
+    seen = parse_cursor(cursor)
+    latest = cp.latest()
+    committed = latest.epoch if latest else 0
+    reqs: dict[tuple[int, int], Request] = {}
+    for n in range(seen + 1, committed + 1):
+        if cp.marker(n) is None:
+            continue
+        m = cp.load(n) if n != committed else latest
+        for parts in m.changed.values():
+            for p in parts:
+                reqs.setdefault((n, p), Request(n, p, "committed"))
+    w = latest.watermark if latest else NEG_INF
+    offsets = latest.remap if latest else {}
+    views = read_stream(store, spec.stream, offsets)
+    pending = sum(len(v.chunks) for v in views.values())
+    prev_segs = {s: SegmentClock(**r.model_dump()) for s, r in (latest.segments.items() if latest else [])}
+    predicted = w
+    # the epoch the next run will commit, predicted from chunk metadata alone (no Spark)
+    if True:
+        decisions = None
+        if latest is not None and latest.replay:  # after a rewind: the next epoch replays a recorded one
+            target = latest.replay[0]["remap"]
+            taken = {s: [c for c in v.chunks if c.seq < target.get(s, 0)] for s, v in views.items()}
+            decisions = latest.replay[0]["decisions"]
+        else:
+            taken = select_chunks(views, offsets, spec.max_chunks_per_epoch)
+        clock = advance(spec, prev_segs, w, views, taken, now if now is not None else now_ms(), decisions)
+        predicted = clock.watermark
+        hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
+        nxt = committed + 1
+        for p in _partitions_between(spec, w, predicted, hi_t):
+            reqs.setdefault((nxt, p), Request(nxt, p, "ready"))
+        # late data: pending events older than W can change ready-but-not-final partitions
+        for chunks in taken.values():
+            for c in chunks:
+                if c.min_t is None or c.min_t >= w:
+                    continue
+                lo = c.min_t
+                hi = min(c.max_t, w) + spec.max_extent
+                p = spec.start + ((max(lo, spec.start) - spec.start) // spec.partition) * spec.partition
+                while p <= hi:
+                    ready = w >= p + spec.partition
+                    final = w >= p + spec.partition + spec.allowed_lateness
+                    if ready and not final:
+                        reqs.setdefault((nxt, p), Request(nxt, p, "late"))
+                    p += spec.partition
+    ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
+    return Plan(ordered, json.dumps({"epoch": committed}), committed, w, predicted, pending)

@@ -56,8 +56,8 @@ def generate(n: int, seed: int, out: Path) -> tuple[Path, Path]:
     return jl_path, pq_path
 
 
-def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """Run cmd as a child; (wall seconds, peak RSS bytes of that child, stdout)."""
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    """Run cmd as a child; (wall seconds, CPU seconds, peak RSS bytes of that child, stdout)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout = p.stdout.read()  # type: ignore[union-attr]
@@ -67,7 +67,7 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}: {stderr.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024, stdout
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, stdout
 
 
 def child(path: str, segment: str) -> None:
@@ -117,22 +117,24 @@ def main() -> int:
             wire = str(Path(sys.executable).parent / "wire")
             for fmt, path in (("JSONL", jl), ("Parquet", pqf)):
                 seg = f"bench-{fmt.lower()}"
-                wall, rss, so = run_measured([sys.executable, __file__, "--child", str(path), seg + "-api"], env)
+                wall, cpu, rss, so = run_measured([sys.executable, __file__, "--child", str(path), seg + "-api"], env)
                 res = json.loads(so.strip().splitlines()[-1])
                 assert res["events"] == args.events and res["malformed"] == 0, res
-                rows.append((fmt, "streams.produce", path.stat().st_size, res["seconds"], res["chunks"], rss))
+                rows.append((fmt, "streams.produce", path.stat().st_size, res["seconds"], None, res["chunks"], rss))
                 if not args.no_cli:
-                    wall, rss, _ = run_measured([wire, "produce", "--pipeline", str(PIPELINE), "--file", str(path),
-                                                 "--segment", seg + "-cli"], env)
-                    rows.append((fmt, "wire produce (whole command)", path.stat().st_size, wall, res["chunks"], rss))
+                    wall, cpu, rss, _ = run_measured([wire, "produce", "--pipeline", str(PIPELINE), "--file", str(path),
+                                                      "--segment", seg + "-cli"], env)
+                    rows.append((fmt, "wire produce (whole command)", path.stat().st_size, wall, cpu, res["chunks"], rss))
         finally:
             if server is not None:
                 server.stop()
-    print(f"\n{args.events:,} events (pipeline clicks, seed {args.seed}), {os.cpu_count()} CPUs\n")
-    print("| input | measured | file MB | seconds | events/s | chunks | peak RSS MB |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for fmt, what, size, sec, chunks, rss in rows:
-        print(f"| {fmt} | {what} | {size / 1e6:.0f} | {sec:.2f} | {args.events / sec:,.0f} | {chunks} | {rss / 1e6:.0f} |")
+    load = os.getloadavg()[0]
+    print(f"\n{args.events:,} events (pipeline clicks, seed {args.seed}), {os.cpu_count()} CPUs, load average {load:.1f}\n")
+    print("| input | measured | file MB | wall s | events/s | process CPU s | chunks | peak RSS MB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for fmt, what, size, sec, cpu, chunks, rss in rows:
+        cpu_s = "" if cpu is None else f"{cpu:.1f}"
+        print(f"| {fmt} | {what} | {size / 1e6:.0f} | {sec:.2f} | {args.events / sec:,.0f} | {cpu_s} | {chunks} | {rss / 1e6:.0f} |")
     return 0
 
 

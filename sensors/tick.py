@@ -7,39 +7,8 @@ from pathlib import Path
 import dagster as dg
 
 from sensors import job_name, sensor_name
+from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
-
-INSTANCE_YAML = """\
-# Written by Wire: a project-local Dagster instance (SQLite storage).
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-concurrency:
-  runs:
-    tag_concurrency_limits:
-      - key: wire/pipeline
-        value:
-          applyLimitPerUniqueValue: true
-        limit: 1
-  pools:
-    default_limit: 1
-telemetry:
-  enabled: false
-"""
-
-
-def ensure_dagster_home(home: Path | None = None) -> Path:
-    """DAGSTER_HOME, else `<WIRE_HOME>/dagster`, created with Wire's instance config."""
-    from wire_dagster.embedded import default_home
-
-    d = Path(os.environ.get("DAGSTER_HOME") or (home or default_home()) / "dagster")
-    d.mkdir(parents=True, exist_ok=True)
-    cfg = d / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text(INSTANCE_YAML)
-    os.environ["DAGSTER_HOME"] = str(d)
-    return d
-
 
 def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
     from definitions import build_definitions

@@ -91,10 +91,16 @@ def _pair_free(port: int) -> bool:
     return _port_free(port) and _port_free(port + _GRPC_OFFSET)
 
 
-def _choose_ports(previous: dict[str, int] | None) -> dict[str, int]:
-    """HTTP ports for every component (gRPC = +10000), all free now; `previous` is reused when it still is."""
-    if previous and set(previous) == set(COMPONENTS) and all(_pair_free(p) for p in previous.values()):
-        return dict(previous)
+def _choose_ports(previous: dict[str, int] | None, wait: float = 3.0) -> dict[str, int]:
+    """HTTP ports for every component (gRPC = +10000), all free now; `previous` is reused if free within `wait` s."""
+    if previous and set(previous) == set(COMPONENTS):
+        deadline = time.monotonic() + wait
+        while True:
+            if all(_pair_free(p) for p in previous.values()):
+                return dict(previous)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     rng = random.SystemRandom()
     ports: dict[str, int] = {}
     used: set[int] = set()
@@ -262,9 +268,11 @@ class EmbeddedS3:
                 if self._is_ours(int(info["pid"])):
                     cfg = self._config(info["endpoint"])
                     try:
-                        self._wait_ready(cfg, time.monotonic() + timeout, pid=int(info["pid"]))
-                    except _Gone:
-                        pass  # it was dying: start a fresh one below
+                        self._wait_ready(
+                            cfg, time.monotonic() + timeout, pid=int(info["pid"]), ports=info.get("ports")
+                        )
+                    except _Gone:  # it was dying: let it finish, then start a fresh one below
+                        self._wait_group_gone(int(info["pgid"]), 10)
                     else:
                         ObjectStore(cfg).ensure_bucket()
                         return cfg
@@ -325,7 +333,7 @@ class EmbeddedS3:
         endpoint = f"http://{HOST}:{ports['s3']}"
         cfg = self._config(endpoint)
         try:
-            self._wait_ready(cfg, time.monotonic() + timeout, proc=proc)
+            self._wait_ready(cfg, time.monotonic() + timeout, proc=proc, ports=ports)
         except BaseException:
             self._kill_group(proc.pid, grace=5)
             raise
@@ -342,6 +350,7 @@ class EmbeddedS3:
         deadline: float,
         proc: subprocess.Popen[bytes] | None = None,
         pid: int | None = None,
+        ports: dict[str, int] | None = None,
     ) -> None:
         """Poll until S3 answers an authenticated ListBuckets; raise if the process dies or time runs out."""
         store = _probe_store(cfg)
@@ -358,7 +367,7 @@ class EmbeddedS3:
                 )
             try:
                 store.ping()
-                if self._volumes_registered(cfg):
+                if self._volumes_registered(ports):
                     return
                 last = "volumes not registered with the master yet"
             except ObjectStoreError as exc:
@@ -369,17 +378,10 @@ class EmbeddedS3:
                 )
             time.sleep(0.1)
 
-    def _volumes_registered(self, cfg: S3Config) -> bool:
+    def _volumes_registered(self, ports: dict[str, int] | None) -> bool:
         """True once the master knows every volume on disk (before that, reads of old objects fail with 5xx)."""
         on_disk = {p.stem.rsplit("_", 1)[-1] for p in self.data.glob("*.dat")}
-        if not on_disk:
-            return True
-        info = self._read_pid()
-        ports = info["ports"] if info else None
-        if not ports:  # launching: the pid file is written once ready
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                ports = json.loads(self._launch_ports_file.read_text())
-        if not ports:
+        if not on_disk or not ports or "master" not in ports:
             return True
         url = f"http://{HOST}:{ports['master']}/vol/status"
         try:
@@ -419,28 +421,30 @@ class EmbeddedS3:
             if info is not None:
                 _remove_stale_sockets(info.get("ports") or {})
 
-    def _kill_group(self, pgid: int, grace: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
+        """Wait until no process of group `pgid` runs; True if it is gone."""
+        deadline = time.monotonic() + timeout
+        while True:
             if self._proc is not None:
                 self._proc.poll()  # reap our own child so Popen knows it exited
             if not _group_alive(pgid):
-                return
-            time.sleep(0.1)
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def _kill_group(self, pgid: int, grace: float) -> None:
+        """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        if self._wait_group_gone(pgid, grace):
+            return
         with contextlib.suppress(OSError), open(self.log_file, "ab") as log:
             log.write(f"=== wire: still running {grace:.0f}s after SIGTERM: SIGKILL ===\n".encode())
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._proc is not None:
-                self._proc.poll()  # reap our own child so Popen knows it exited
-            if not _group_alive(pgid):
-                return
-            time.sleep(0.05)
-        raise ObjectStoreError(f"embedded object store: process group {pgid} survived SIGKILL")
+        if not self._wait_group_gone(pgid, 10):
+            raise ObjectStoreError(f"embedded object store: process group {pgid} survived SIGKILL")
 
 
 def _remove_stale_sockets(ports: dict[str, int]) -> None:

@@ -1,0 +1,167 @@
+"""`wire` on bad input: exit 2 with one line on stderr and nothing written; dead letters through
+`wire dlq`; and the S3 secret never reaches any output or any object in the bucket."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import run_wire
+from wire_dagster.objectstore import ObjectStore
+from wire_dagster.spec import load_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+CLICKS = ROOT / "pipelines" / "clicks.yaml"
+START = load_pipeline(CLICKS).start
+
+
+def _event(i: int, **kw) -> dict:
+    return {"ts": START + 1000 * i, "user_id": f"u{i % 3}", "event_id": f"e{i}", "amount": float(i), **kw}
+
+
+def _jsonl(path: Path, recs: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in recs))
+    return path
+
+
+def _keys(store: ObjectStore) -> list[tuple[str, str]]:
+    return sorted((o.key, o.etag) for o in store.list(""))
+
+
+def _run_all(cases: dict[str, list[str]], env: dict[str, str]) -> dict[str, subprocess.CompletedProcess]:
+    """Run independent `wire` invocations a few at a time (each is a fresh interpreter)."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futs = {name: pool.submit(run_wire, args, env, 120) for name, args in cases.items()}
+        return {name: f.result() for name, f in futs.items()}
+
+
+def _assert_one_line_error(name: str, p: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    err = p.stderr
+    assert p.returncode == code, f"{name}: exit {p.returncode}, stderr {err!r}"
+    assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, f"{name}: {err!r}"
+    assert "Traceback" not in err and p.stdout == "", f"{name}: {p.stdout!r}"
+    for n in needles:
+        assert n in err, f"{name}: {n!r} not in {err!r}"
+
+
+def test_bad_input_exits_2_and_writes_nothing(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
+    good = _jsonl(tmp_path / "good.jsonl", [_event(i) for i in range(3)])
+    run_wire(["produce", "--pipeline", "clicks", "--file", str(good)], cli_env, check=True)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "blank.jsonl").write_bytes(b"\xef\xbb\xbf\n \n\r\n")
+    (tmp_path / "adir").mkdir()
+    pq.write_table(pa.table({"ts": [START], "user_id": ["u"], "event_id": ["x"]}), tmp_path / "ok.parquet")
+    (tmp_path / "corrupt.parquet").write_bytes((tmp_path / "ok.parquet").read_bytes()[:-30])
+    (tmp_path / "corrupt.jsonl").write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")  # Parquet magic, not Parquet
+    pq.write_table(pa.table({"ts": pa.array([], pa.int64())}), tmp_path / "norows.parquet")
+    bad_window = yaml.safe_load(CLICKS.read_text())
+    bad_window["windows"][0]["type"] = "hopping"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad_window))
+    (tmp_path / "syntax.yaml").write_text("name: clicks\nwindows: [\n")
+    assert Path("/proc/self/mem").is_file()  # exists, is a file, and read() fails with EIO even for root
+
+    def produce(file: str, *extra: str, pipeline: str = "clicks") -> list[str]:
+        return ["produce", "--pipeline", pipeline, "--file", file, *extra]
+
+    cases = {
+        "missing file": (produce(str(tmp_path / "nope.jsonl")), ["--file", "no such file"]),
+        "directory": (produce(str(tmp_path / "adir")), ["--file", "not a file"]),
+        "empty file": (produce(str(tmp_path / "empty.jsonl")), ["--file", "empty"]),
+        "only blank lines and a BOM": (produce(str(tmp_path / "blank.jsonl")), ["--file", "empty"]),
+        "unreadable file": (produce("/proc/self/mem"), ["--file", "cannot read"]),
+        "corrupt parquet": (produce(str(tmp_path / "corrupt.parquet")), ["--file", "not a readable Parquet file"]),
+        "parquet magic in a .jsonl": (produce(str(tmp_path / "corrupt.jsonl")), ["--file", "Parquet"]),
+        "parquet without rows": (produce(str(tmp_path / "norows.parquet")), ["--file", "no rows"]),
+        "pipeline name ../x": (produce(str(good), pipeline="../x"), ["--pipeline", "bad name"]),
+        "segment with a slash": (produce(str(good), "--segment", "a/b"), ["--segment", "bad name"]),
+        "segment ..": (produce(str(good), "--segment", ".."), ["--segment", "bad name"]),
+        "unknown window": (["read", "--pipeline", "clicks", "--window", "nope"], ["--window", "nope", "clicks_per_minute"]),
+        "pipeline file with a bad window type": (produce(str(good), pipeline=str(tmp_path / "bad.yaml")), ["windows.clicks_per_minute.type", "hopping"]),
+        "pipeline file with bad YAML": (produce(str(good), pipeline=str(tmp_path / "syntax.yaml")), ["invalid YAML"]),
+        "pipeline file missing": (produce(str(good), pipeline=str(tmp_path / "missing.yaml")), ["--pipeline", "no such file"]),
+        "unknown pipeline name": (produce(str(good), pipeline="nosuch"), ["--pipeline", "nosuch"]),
+    }
+    before = _keys(store)
+    results = _run_all({name: args for name, (args, _) in cases.items()}, cli_env)
+    for name, (_, needles) in cases.items():
+        _assert_one_line_error(name, results[name], 2, *needles)
+    assert _keys(store) == before
+
+
+def test_dead_letters_through_wire_dlq(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """An oversized record (pipeline limit 200 bytes) and a bad time, read back with `wire dlq --format jsonl`."""
+    raw = yaml.safe_load(CLICKS.read_text())
+    raw["limits"] = {"max_record_bytes": 200}
+    pipe = tmp_path / "small.yaml"
+    pipe.write_text(yaml.safe_dump(raw))
+    big = json.dumps(_event(2, note="n" * 250))
+    recs = [_event(0), _event(1, ts="yesterday"), big, _event(3), _event(4, ts="2026-01-01T00:00:04Z")]
+    f = _jsonl(tmp_path / "mixed.jsonl", recs)
+    p = run_wire(["produce", "--pipeline", str(pipe), "--file", str(f), "--segment", "s7", "--chunk-rows", "2"], cli_env, check=True)
+    assert "appended 3 events in 3 chunks" in p.stdout and "2 malformed" in p.stdout
+    p = run_wire(["dlq", "--pipeline", str(pipe), "--format", "jsonl"], cli_env, check=True)
+    rows = sorted((json.loads(line) for line in p.stdout.splitlines()), key=lambda d: (d["chunk"], d["row"]))
+    assert [(d["stream"], d["segment"], d["chunk"], d["row"]) for d in rows] == [("clicks", "s7", 0, 1), ("clicks", "s7", 1, 0)]
+    assert rows[0]["reason"].startswith("malformed: non-numeric time field ts")
+    assert rows[1]["reason"] == "malformed: record larger than 200 bytes"
+    assert rows[0]["record"] == json.dumps(recs[1]) and rows[1]["record"] == big
+    assert all(d["window"] is None and d["epoch"] is None for d in rows)
+    # The valid rows of the same file are all kept.
+    p = run_wire(["status", "--pipeline", str(pipe), "--json"], cli_env, check=True)
+    st = json.loads(p.stdout)
+    assert st["pending_chunks"] == 3
+
+
+def test_the_secret_never_reaches_output_or_the_bucket(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
+    secret = cli_env["WIRE_S3_SECRET_KEY"]
+    access = cli_env["WIRE_S3_ACCESS_KEY"]
+    assert len(secret) >= 16
+    f = _jsonl(tmp_path / "ev.jsonl", [_event(0), "{oops", _event(2, amount="x"), _event(3)])
+    wrong = dict(cli_env, WIRE_S3_SECRET_KEY="Wr0ngSecret" + secret[::-1])
+    no_scheme = dict(cli_env, WIRE_S3_ENDPOINT=cli_env["WIRE_S3_ENDPOINT"].removeprefix("http://"))
+    runs = {
+        "produce": (["produce", "--pipeline", "clicks", "--file", str(f)], cli_env, 0),
+        "status": (["status", "--pipeline", "clicks"], cli_env, 0),
+        "status --json": (["status", "--pipeline", "clicks", "--json"], cli_env, 0),
+        "dlq": (["dlq", "--pipeline", "clicks"], cli_env, 0),
+        "dlq jsonl": (["dlq", "--pipeline", "clicks", "--format", "jsonl"], cli_env, 0),
+        "close": (["close", "--pipeline", "clicks"], cli_env, 0),
+        "produce with a wrong secret": (["produce", "--pipeline", "clicks", "--file", str(f), "--segment", "w"], wrong, 1),
+        "status with a wrong secret": (["status", "--pipeline", "clicks"], wrong, 1),
+        "endpoint without a scheme": (["status", "--pipeline", "clicks"], no_scheme, 2),
+    }
+    results = {}
+    for name in ("produce", "status", "status --json", "dlq", "dlq jsonl", "close"):  # in order: they build on each other
+        args, env, _ = runs[name]
+        results[name] = run_wire(args, env, 120)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futs = {n: pool.submit(run_wire, runs[n][0], runs[n][1], 120) for n in list(runs)[6:]}
+        results.update({n: fut.result() for n, fut in futs.items()})
+    for name, (_, env, code) in runs.items():
+        p = results[name]
+        assert p.returncode == code, f"{name}: {p.returncode} {p.stderr!r}"
+        for value in {secret, env["WIRE_S3_SECRET_KEY"]}:
+            assert value not in p.stdout and value not in p.stderr, name
+    assert "access denied" in results["produce with a wrong secret"].stderr
+    reasons = sorted(json.loads(line)["reason"] for line in results["dlq jsonl"].stdout.splitlines())
+    assert reasons == ["malformed: field amount has wrong type (want a number)", "malformed: unparsable JSON"]
+    # Nothing stored in the bucket holds the secret (manifests, chunk indexes, data, dead letters, seals).
+    keys = [o.key for o in store.list("")]
+    assert any(k.endswith(".json") for k in keys) and any(k.endswith("_SEALED") for k in keys)
+    for k in keys:
+        body = store.get(k)
+        assert secret.encode() not in body and access.encode() not in body, k
+
+
+@pytest.mark.parametrize("bad", ["--chunk-rows=-1"])
+def test_usage_errors_exit_2(cli_env: dict[str, str], tmp_path: Path, bad: str) -> None:
+    f = _jsonl(tmp_path / "ev.jsonl", [_event(0)])
+    p = run_wire(["produce", "--pipeline", "clicks", "--file", str(f), bad], cli_env)
+    _assert_one_line_error(bad, p, 2, "--chunk-rows")

@@ -47,6 +47,8 @@ _GRPC_OFFSET = 10000
 #: usual ephemeral range (32768+) and never collide with outgoing connections.
 _PORT_RANGE = (10000, 22000)
 _LOG_ROTATE_BYTES = 20 * 1024 * 1024
+#: Volume slots (SeaweedFS gives each bucket at least one; slots cost no disk until written).
+_VOLUME_SLOTS = 1000
 
 
 def default_home() -> Path:
@@ -148,16 +150,20 @@ def _group_members(pgid: int) -> list[int] | None:
 
 def _group_alive(pgid: int) -> bool:
     """True while any process of group `pgid` runs; zombies (exited, not yet reaped) do not count."""
+    members = _group_members(pgid)
+    if members:
+        return True
     with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pgid, os.WNOHANG)  # reap the leader if it is our child
+        os.waitpid(pgid, os.WNOHANG)  # only zombies left: reap the leader if it is our child
+    if members is not None:
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    members = _group_members(pgid)
-    return True if members is None else bool(members)
+    return True
 
 
 class EmbeddedS3:
@@ -314,6 +320,9 @@ class EmbeddedS3:
             "-admin.ui=false",
             "-master.telemetry=false",
             "-s3.autoCreateBucket=false",  # as MinIO: writing to a missing bucket fails
+            # Every bucket takes a volume slot of its own; the default (free disk / 1 GiB)
+            # can be a handful, after which writes to new buckets fail with 500.
+            f"-volume.max={_VOLUME_SLOTS}",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(AWS_ACCESS_KEY_ID=access, AWS_SECRET_ACCESS_KEY=secret)

@@ -8,7 +8,7 @@ import json
 import subprocess
 import threading
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -194,7 +194,7 @@ def test_two_producer_threads_on_one_segment(store: ObjectStore, spec: Pipeline,
         try:
             barrier.wait(timeout=30)
             reports[p] = streams.produce(store, spec, files[p], segment="0", chunk_rows=size)
-        except BaseException as e:  # surfaced below
+        except BaseException as e:  # noqa: BLE001 - surfaced by the assertion below
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in range(2)]
@@ -269,7 +269,7 @@ def _small_limits_spec(**limits) -> Pipeline:
 def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStore, tmp_path: Path) -> None:
     spec = _small_limits_spec(max_record_bytes=200)
     t0 = spec.start + 60_000
-    iso_z = datetime.fromtimestamp((t0 + 1_234) / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    iso_z = datetime.fromtimestamp((t0 + 1_234) / 1000, tz=UTC).isoformat(timespec="milliseconds")
     iso_z = iso_z.replace("+00:00", "Z")  # e.g. 2026-01-01T00:01:01.234Z
     iso_plus2 = datetime.fromtimestamp((t0 + 3_600_000) / 1000, tz=timezone(timedelta(hours=2))).isoformat()
     assert iso_z.endswith("Z") and iso_plus2.endswith("+02:00")
@@ -277,7 +277,7 @@ def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStor
     def line(d: dict) -> bytes:
         return json.dumps(d).encode()
 
-    ok = lambda i, **kw: line({**event(i, t0 + i), **kw})  # noqa: E731
+    ok = lambda i, **kw: line({**event(i, t0 + i), **kw})
     # (line, expected reason prefix or None for a valid record, expected event time if valid)
     cases: list[tuple[bytes, str | None, int | None]] = [
         (ok(0), None, t0 + 0),  # first record, after the BOM: valid

@@ -316,15 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(code if code is not None else getattr(e, "code", 0) or 0)
     except typer.Abort:
         return 1
-    except Exception as e:  # click usage errors carry exit code 2
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
+    except Exception as e:
+        # Usage errors (click's, or the copy of click typer bundles) carry exit_code 2.
+        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
             err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
-            return 2
-        if isinstance(e, click.exceptions.ClickException):
-            err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
-            return 1
+            return 2 if e.exit_code == 2 else 1
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         err.print(f"error: {e.__class__.__name__}: {msg}", markup=False, highlight=False, soft_wrap=True)
         if os.environ.get("WIRE_DEBUG"):

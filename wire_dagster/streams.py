@@ -211,8 +211,10 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
         i = col(f)
         checks.append(
             (
-                f"y{i} IS NOT NULL AND y{i} <> 'NULL' AND "
-                f"(y{i} NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(v{i} AS BIGINT) <= 0)",
+                (
+                    f"y{i} IS NOT NULL AND y{i} <> 'NULL' AND "
+                    f"(y{i} NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(v{i} AS BIGINT) <= 0)"
+                ),
                 _sql_str(f"gap field {f} must be a positive integer (ms)"),
             )
         )
@@ -244,7 +246,7 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
     SELECT * EXCLUDE (s, raw),
            CASE WHEN reason IS NOT NULL THEN substr(s, 1, {RAW_KEEP}) END AS record,
            CASE WHEN reason IS NOT NULL AND s IS NULL THEN raw END AS raw_bad
-    FROM e ORDER BY line_no
+    FROM e
     """
 
 
@@ -264,6 +266,11 @@ def normalize_lines(spec: Pipeline, lines: pa.LargeBinaryArray, ingest_ms: int) 
     hi = ingest_ms + spec.max_future
     out = con.sql(_normalize_sql(spec, spec.max_record_bytes, spec.start, hi)).to_arrow_table()
     con.close()
+    # DuckDB keeps insertion order (preserve_insertion_order, on by default) without the cost of
+    # an ORDER BY (40% of this query); should it ever not, sort here, still vectorised.
+    line_no = out["line_no"].to_numpy()
+    if len(line_no) > 1 and not bool(np.all(line_no[1:] > line_no[:-1])):
+        out = out.take(np.argsort(line_no, kind="stable"))
     return _split_valid(spec, out)
 
 

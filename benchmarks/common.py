@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Self
 
 
 @contextlib.contextmanager
@@ -41,7 +42,8 @@ class Peak:
 
 
 class TreeRss:
-    """Samples the RSS of this process and its descendants (but not the S3 server) every `interval` seconds."""
+    """Samples the RSS of this process and its descendants (but not the S3 server) every `interval` seconds;
+    `cpu` is the tree's CPU seconds spent inside the `with` block (robust to other load on the machine)."""
 
     def __init__(self, interval: float = 0.1, exclude: tuple[str, ...] = ("weed",)) -> None:
         import psutil
@@ -73,8 +75,39 @@ class TreeRss:
             self.peak = Peak(max(self.peak.driver, s.driver), max(self.peak.spark, s.spark), max(self.peak.total, s.total))
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> TreeRss:
+    def cpu_by_kind(self) -> dict[str, float]:
+        """User + system CPU seconds so far of this process ("driver"), of java ("jvm") and of the other
+        descendants ("python workers"); children already reaped count with their parents."""
+        import psutil
+
+        out = {"driver": 0.0, "jvm": 0.0, "python workers": 0.0}
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                name = p.name()
+                if p is not self._me and name in self.exclude:
+                    continue
+                t = p.cpu_times()
+                kind = "driver" if p is self._me else ("jvm" if name == "java" else "python workers")
+                own = t.user + t.system
+                reaped = t.children_user + t.children_system
+                if p is self._me:
+                    out["driver"] += own  # reaped children of the driver are its finished subprocesses: not Spark
+                else:
+                    out[kind] += own
+                    out["python workers"] += reaped  # executors/daemons reap exited Python workers
+            except psutil.Error:
+                continue
+        return out
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of this process tree so far."""
+        return sum(self.cpu_by_kind().values())
+
+    def __enter__(self) -> Self:
         self.peak = self.sample()
+        self._cpu0 = self.cpu_by_kind()
+        self.cpu = 0.0
+        self.cpu_kinds: dict[str, float] = {}
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -84,6 +117,9 @@ class TreeRss:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
+        now = self.cpu_by_kind()
+        self.cpu_kinds = {k: now[k] - self._cpu0.get(k, 0.0) for k in now}
+        self.cpu = sum(self.cpu_kinds.values())
 
 
 def md_table(headers: list[str], rows: list[list], align: str | None = None) -> str:

@@ -25,15 +25,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import tempfile
 import time
 import traceback
 from collections import defaultdict
 from pathlib import Path
+from typing import Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import TreeRss, bench_store, cpu_count, mb, md_table, timed  # noqa: E402
+from common import TreeRss, bench_store, cpu_count, mb, md_table, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK_ROWS = 100_000
@@ -122,6 +124,16 @@ def produce_stream(store, stream: str, n: int, seed: int, tmp: Path) -> float:
 # Profiling: attribute every Spark action the kernel triggers to its call site.
 
 
+def _kernel_source() -> list[str]:
+    """kernel.py as imported (labels stay right if someone edits the file during a long run)."""
+    import wire_dagster.kernel as k
+
+    return Path(k.__file__).read_text().splitlines()
+
+
+KERNEL_SOURCE = _kernel_source()
+
+
 class ActionProfile:
     """Wraps the DataFrame actions and createDataFrame; keyed by the kernel.py line that called them."""
 
@@ -142,10 +154,11 @@ class ActionProfile:
     def _site(self) -> str:
         for fr in reversed(traceback.extract_stack()[:-2]):
             if fr.filename.endswith("wire_dagster/kernel.py"):
-                return f"{fr.name}:{fr.lineno} {fr.line.strip()[:60]}"
+                line = KERNEL_SOURCE[fr.lineno - 1] if fr.lineno <= len(KERNEL_SOURCE) else ""
+                return f"{fr.name}:{fr.lineno} {line.strip()[:60]}"
         return "(outside kernel.py)"
 
-    def __enter__(self) -> ActionProfile:
+    def __enter__(self) -> Self:
         import importlib
 
         for mod, cls, meth in self.PATCH:
@@ -211,7 +224,7 @@ def run_pipeline(store, spark, spec, now: int) -> dict:
     m = Checkpoints(store, spec.name).latest()
     assert m is not None and m.totals.balanced(), "counts must balance"
     rows = {w.name: read_results(store, spec, w.name).num_rows for w in spec.windows}
-    return {"kernel": k[0], "wall": wall[0], "epochs": len(out.committed), "peak": mem.peak, "rows": rows, "totals": m.totals}
+    return {"kernel": k[0], "wall": wall[0], "cpu": mem.cpu, "cpu_kinds": mem.cpu_kinds, "epochs": len(out.committed), "peak": mem.peak, "rows": rows, "totals": m.totals}
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +266,7 @@ def run_duckdb(store, stream: str, kinds: list[str], threads: int) -> dict:
         for k in kinds:
             rows[WINDOWS[k]["name"]] = con.execute(f"SELECT count(*) FROM ({duckdb_sql(k)})").fetchone()[0]
     con.close()
-    return {"wall": wall[0], "rows": rows, "peak": mem.peak}
+    return {"wall": wall[0], "cpu": mem.cpu, "rows": rows, "peak": mem.peak}
 
 
 # ---------------------------------------------------------------------------
@@ -316,6 +329,7 @@ def main() -> int:
     from wire_dagster.timeutil import now_ms
 
     results, floor, notes = [], {}, []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="wire-bench-") as tmpd, bench_store(Path(tmpd)) as store:
         tmp = Path(tmpd)
         with TreeRss() as mem0, timed() as t_jvm:
@@ -356,14 +370,16 @@ def main() -> int:
         f = floor.get((n, s))
         wrong = f and f["rows"] != r["rows"]
         rows.append([
-            f"{n / 1e6:g} M", s, r["epochs"], f"{r['kernel']:.1f}", f"{n / r['kernel']:,.0f}", f"{r['wall']:.1f}",
+            f"{n / 1e6:g} M", s, r["epochs"], f"{r['kernel']:.1f}", f"{n / r['kernel']:,.0f}", f"{r['wall']:.1f}", f"{r['cpu']:.0f}",
             mb(r["peak"].driver), mb(r["peak"].spark), mb(r["peak"].total),
-            f"{f['wall']:.1f}" if f else "-", f"{n / f['wall']:,.0f}" if f else "-",
+            f"{f['wall']:.1f}" if f else "-", f"{f['cpu']:.1f}" if f else "-", f"{n / f['wall']:,.0f}" if f else "-",
             (f"{r['kernel'] / f['wall']:.1f}×" + (" (rows differ!)" if wrong else "")) if f else "-",
             sum(r["rows"].values()),
         ])
-    print(md_table(["events", "windows", "epochs", "kernel s", "kernel ev/s", "process s", "driver MB", "Spark MB", "total MB",
-                    "DuckDB s", "DuckDB ev/s", "kernel / DuckDB", "result rows"], rows, "llrrrrrrrrrrr"))
+    print(md_table(["events", "windows", "epochs", "kernel s", "kernel ev/s", "process s", "process CPU s", "driver MB", "Spark MB",
+                    "total MB", "DuckDB s", "DuckDB CPU s", "DuckDB ev/s", "kernel / DuckDB", "result rows"], rows, "llrrrrrrrrrrrrr"))
+    print(f"\nload average while running: {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+          "(wall times on a shared machine stretch with its load; CPU seconds much less)")
     print()
     for x in notes:
         print(f"- {x}")
@@ -374,7 +390,8 @@ def main() -> int:
         print(md_table(["action / call site in kernel.py", "calls", "Spark jobs", "seconds", "share"],
                        [[f"`{k}`", v[0], v[1], f"{v[2]:.2f}", f"{100 * v[2] / pr['kernel']:.0f}%"] for k, v in prow]))
         print(f"\nactions total {tot:.1f} s of kernel {pr['kernel']:.1f} s; "
-              f"{sum(v[0] for _, v in prow) / pr['epochs']:.0f} actions and {sum(v[1] for _, v in prow) / pr['epochs']:.0f} Spark jobs per epoch\n")
+              f"{sum(v[0] for _, v in prow) / pr['epochs']:.0f} actions and {sum(v[1] for _, v in prow) / pr['epochs']:.0f} Spark jobs per epoch; "
+              "CPU seconds of the whole process: " + ", ".join(f"{k} {v:.1f}" for k, v in pr["cpu_kinds"].items()) + "\n")
         print(md_table(["isolated (all chunks at once)", "seconds"], iso, "lr"))
     return 0
 

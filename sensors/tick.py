@@ -10,7 +10,10 @@ from sensors import job_name, sensor_name
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
+
 def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
+    """The runs launched (run_key, partition, status SUCCESS|FAILURE, run_id); requests whose run key
+    already ran successfully are skipped, as the daemon skips them, and are not returned."""
     from definitions import build_definitions
     from resources import default_resources
 
@@ -28,7 +31,9 @@ def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
     for rr in reqs:
         existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
         if existing and existing[0].is_success:
-            done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": "SKIPPED (already ran)", "run_id": existing[0].run_id})
+            # As the daemon does: a run key that already ran launches nothing.
+            if console is not None:
+                console.print(f"skipped {rr.run_key} (partition {rr.partition_key}): already ran as {existing[0].run_id}")
             continue
         if console is not None:
             console.print(f"running {rr.run_key} (partition {rr.partition_key})")
@@ -49,4 +54,4 @@ def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
         done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": status, "run_id": res.run_id})
     if result.cursor is not None:
         instance.run_storage.set_cursor_values({key: result.cursor})
-    return [d for d in done if not d["status"].startswith("SKIPPED")] + [d for d in done if d["status"].startswith("SKIPPED")]
+    return done

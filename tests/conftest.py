@@ -80,3 +80,128 @@ def run_wire(args: list[str], env: dict[str, str], timeout: float = 300, check: 
     if check and p.returncode != 0:
         raise AssertionError(f"wire {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
     return p
+
+
+# ---------------------------------------------------------------------------
+# The end-to-end Dagster stack (tests/dagster_stack.py), shared by test_e2e_dagster.py and
+# test_browser.py. Appended for the Dagster-layer tests: the tests using it run next to each
+# other, and the stack (dagster dev + a Spark Connect server) is stopped right after the last
+# of them, so it never runs alongside the rest of the suite.
+
+
+@pytest.fixture(scope="session")
+def dagster_stack(s3_server: S3Config, spark_remote, tmp_path_factory: pytest.TempPathFactory):
+    import dagster_stack as ds
+
+    # The runs attach to the session's Spark Connect server (or, without one, to a server of the stack's own).
+    stack = ds.start(s3_server, tmp_path_factory.mktemp("dagster-e2e"), remote=spark_remote)
+    ds._RUNNING.append(stack)
+    try:
+        yield stack
+    finally:
+        ds.stop_running()
+
+
+def _uses_stack(item) -> bool:
+    return item is not None and "dagster_stack" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    users = [i for i in items if _uses_stack(i)]
+    if users:
+        first = items.index(users[0])
+        rest = [i for i in items if not _uses_stack(i)]
+        items[:] = rest[:first] + users + rest[first:]
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    if _uses_stack(item) and not _uses_stack(nextitem):
+        import dagster_stack as ds
+
+        ds.stop_running()
+
+
+# ---------------------------------------------------------------------------
+# One Spark Connect server for the `wire` subprocesses of the commit-protocol tests
+# (test_crash_matrix.py, test_races.py, test_recovery.py). Appended for them: a
+# subprocess attaches in ~0.5 s instead of booting its own JVM (4-8 s each).
+
+
+@pytest.fixture(scope="session")
+def spark_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """`sc://127.0.0.1:<port>` of a Spark Connect server (local[2], started with pyspark's
+    `sbin/start-connect-server.sh --wait` in its own process group, warmed up by one query),
+    or None when it cannot start (or WIRE_TEST_SPARK_CONNECT=0): subprocesses then boot
+    local Spark each. Stopped by its process group at the end of the session."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import warnings
+
+    import pyspark
+
+    if os.environ.get("WIRE_TEST_SPARK_CONNECT", "1") == "0":
+        yield None
+        return
+    tmp = tmp_path_factory.mktemp("spark-connect")
+    home = os.path.dirname(pyspark.__file__)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "WIRE_SPARK_REMOTE", "PYSPARK_SUBMIT_ARGS")}
+    env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(tmp / "logs"),
+               SPARK_PID_DIR=str(tmp / "pids"), SPARK_CONNECT_MODE="0")
+    cmd = [f"{home}/sbin/start-connect-server.sh", "--wait", "--master", "local[2]", "--driver-memory", "1g",
+           "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+           # Tiny epochs: without AQE and with one shuffle partition an epoch runs ~28 Spark jobs instead of ~70.
+           "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.adaptive.enabled=false",
+           "--conf", "spark.sql.shuffle.partitions=1", "--conf", "spark.default.parallelism=2",
+           "--conf", "spark.sql.session.timeZone=UTC", "--conf", "spark.python.worker.reuse=true",
+           "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'local'}"]
+    log = open(tmp / "connect.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"sc://127.0.0.1:{port}"
+    try:
+        # Ready = a client in another process (a Connect session marks its whole process as remote) ran a query.
+        probe = f"from pyspark.sql import SparkSession as S; assert S.builder.remote({url!r}).getOrCreate().range(3).count() == 3"
+        deadline = time.monotonic() + 180
+        ready = False
+        while not ready and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    pass
+            except OSError:
+                time.sleep(0.25)
+                continue
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                ready = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=left).returncode == 0
+            except subprocess.TimeoutExpired:
+                break
+        if not ready:
+            warnings.warn(f"Spark Connect server did not start ({tmp / 'connect.log'}); subprocesses boot local Spark", stacklevel=1)
+            yield None
+        else:
+            yield url
+    finally:
+        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + grace
+            while time.monotonic() < end:
+                proc.poll()  # reap the script so its group can disappear
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                continue
+            break
+        log.close()

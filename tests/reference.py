@@ -8,7 +8,8 @@ the commit protocol and the Dagster runs. It follows DESIGN §1 literally:
   event: its one-event window, or any open session of its key it touches);
 - a window fires in the first epoch with ``W >= end`` and re-fires when an
   epoch changes it; a fired session that merges into another is retracted;
-- state is purged once ``W >= end + L``; a repeated id is a duplicate.
+- state is purged once ``W >= end + L``; a repeated id is a duplicate while it is
+  remembered: until ``t + extent + L``, or longer while a session holding it is open.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from wire_dagster.windows import assign, merge
 @dataclass
 class RefState:
     windows: dict[str, dict[tuple, dict]] = field(default_factory=dict)  # name -> {(key, start, end): partials}
-    ids: dict[str, int] = field(default_factory=dict)  # id -> expires
+    ids: dict[str, tuple] = field(default_factory=dict)  # id -> (expires, key, t)
     watermark: int = -(2**62)
     # the reader's view: name -> {(key, start, end): finalized row}
     view: dict[str, dict[tuple, dict]] = field(default_factory=dict)
@@ -58,8 +59,7 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
                 kept.append(e)
         for e in kept:
             ext = max([spec.max_extent] + [e.get(field_column(g)) or 0 for g in spec.gap_fields]) + L
-            st.ids[e["_id"]] = max(st.ids.get(e["_id"], -(2**62)), e["_t"] + ext)
-        st.ids = {i: x for i, x in st.ids.items() if x > w_new}
+            st.ids[e["_id"]] = (e["_t"] + ext, e["_key"], e["_t"])
         events = kept
     emitted: dict[str, list[dict]] = {}
     for w in spec.windows:
@@ -110,7 +110,8 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
                             if okey[2] <= w_prev and (okey[1], okey[2]) != (ms, me):
                                 retracted.append(okey)
                     state[(key, ms, me)] = acc
-                    touched.add((key, ms, me))
+                    if any(allp[i][2] is None for i in idx):  # an event of this epoch joined it
+                        touched.add((key, ms, me))
         rows = []
         for k, p in state.items():
             if k[2] <= w_new and (k in touched or k[2] > w_prev):
@@ -126,6 +127,14 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
                 view[ident] = {x: y for x, y in r.items() if x != "retract"}
         st.windows[w.name] = {k: v for k, v in state.items() if k[2] + L > w_new}
         emitted[w.name] = rows
+    # An id is remembered while a window that counted it is live: t + extent + L, or
+    # longer while the session holding it (its key, start <= t < end) is still open.
+    for i, (x, key, t) in list(st.ids.items()):
+        for w in spec.windows:
+            if w.type == "session":
+                x = max([x] + [k[2] + L for k in st.windows[w.name] if k[0] == key and k[1] <= t < k[2]])
+        st.ids[i] = (x, key, t)
+    st.ids = {i: v for i, v in st.ids.items() if v[0] > w_new}
     st.watermark = w_new
     return emitted
 

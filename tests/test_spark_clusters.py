@@ -18,11 +18,9 @@ brute-force batch aggregation (the stream is closed, nothing is late).
 A classic SparkContext is one per process, and a Spark Connect session marks
 the whole process as "remote" (SPARK_CONNECT_MODE_ENABLED), so both drivers
 run in subprocesses: this very file run as a script (`python
-test_spark_clusters.py '<json>'`). Every JVM started here is in its own process
-group; teardown kills each group and asserts nothing of it is left.
-
-WIRE_CONNECT_ON_CLUSTER=1 runs the Connect server on the standalone cluster
-(as docker/compose.yaml does) instead of on local[2].
+test_spark_clusters.py '<json>'`), both at once. The JVMs boot while this
+process runs the local[2] baseline. Every process started here is in its own
+process group; teardown kills each group and asserts nothing of it is left.
 """
 
 from __future__ import annotations
@@ -179,7 +177,8 @@ def base_env(tmp: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------
-# The JVMs: a standalone cluster (master + 2 workers) and a Spark Connect server.
+# The JVMs: a standalone cluster (master + 2 workers) and a Spark Connect server,
+# booted while this process runs the local[2] baseline.
 
 
 @dataclass
@@ -187,7 +186,6 @@ class Cluster:
     master_url: str
     ui: int
     work_dirs: list[Path]
-    daemons: list[Daemon] = field(default_factory=list)
 
     def state(self) -> dict:
         try:
@@ -197,73 +195,70 @@ class Cluster:
             return {}
 
 
-def stop_all(daemons: list[Daemon]) -> None:
-    left = {d.name: d.stop() for d in reversed(daemons)}
-    assert not any(left.values()), f"processes left after killing their groups: {left}"
+@dataclass
+class Jvms:
+    """The daemons of this module; `ready()` waits for them (and starts the workers once the master is up)."""
+
+    tmp: Path
+    env: dict[str, str]
+    cluster: Cluster
+    connect_url: str
+    daemons: list[Daemon] = field(default_factory=list)
+    _ready: bool = False
+
+    def _dead(self) -> str | None:
+        return next((d.dead() for d in self.daemons if d.dead()), None)
+
+    def ready(self) -> Jvms:
+        if self._ready:
+            return self
+        c = self.cluster
+        wait_until(lambda: c.state().get("status") == "ALIVE", START_TIMEOUT, "standalone master", self._dead)
+        alive = lambda: sum(w.get("state") == "ALIVE" for w in c.state().get("workers", [])) == 2
+        wait_until(alive, START_TIMEOUT, "two standalone workers registered", self._dead)
+        port = int(self.connect_url.rsplit(":", 1)[1])
+
+        def listening() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(listening, START_TIMEOUT, "Spark Connect server listening", self._dead)
+        self._ready = True
+        return self
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("standalone")
+def jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jvms]:
+    """Starts the master and the Connect server (not waiting for them); stops every group at the end."""
+    tmp = tmp_path_factory.mktemp("jvms")
     env = base_env(tmp)
-    cls = f"{spark_home()}/bin/spark-class"
-    port, ui = free_port(), free_port()
-    master = Daemon("master", [cls, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
-                    env, tmp / "master.log")
-    cluster = Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)], [master])
-    try:
-        master.start()
-        wait_until(lambda: cluster.state().get("status") == "ALIVE", START_TIMEOUT, "standalone master", master.dead)
-        for i, wd in enumerate(cluster.work_dirs):
-            w = Daemon(f"worker{i}", [cls, "org.apache.spark.deploy.worker.Worker", cluster.master_url, "--cores", "1", "--memory", "1g",
-                                      "--host", "127.0.0.1", "--webui-port", str(free_port()), "--work-dir", str(wd)], env, tmp / f"worker{i}.log")
-            cluster.daemons.append(w.start())
-
-        def workers_alive() -> bool:
-            return sum(w.get("state") == "ALIVE" for w in cluster.state().get("workers", [])) == 2
-
-        def any_dead() -> str | None:
-            return next((d.dead() for d in cluster.daemons if d.dead()), None)
-
-        wait_until(workers_alive, START_TIMEOUT, "two standalone workers registered", any_dead)
-        yield cluster
-    finally:
-        stop_all(cluster.daemons)
-
-
-@pytest.fixture(scope="module")
-def connect_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Spark Connect server in the foreground (what start-connect-server.sh --wait runs), on loopback."""
-    tmp = tmp_path_factory.mktemp("connect")
-    env = base_env(tmp)
-    port = free_port()
-    master, extra = "local[2]", []
-    if os.environ.get("WIRE_CONNECT_ON_CLUSTER") == "1":
-        master = request.getfixturevalue("standalone").master_url
-        extra = ["--conf", "spark.cores.max=2", "--conf", "spark.executor.memory=512m"]
-    cmd = [
+    port, ui, grpc = free_port(), free_port(), free_port()
+    j = Jvms(tmp, env, Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)]), f"sc://127.0.0.1:{grpc}")
+    master = Daemon("master", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.master.Master",
+                               "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], env, tmp / "master.log")
+    # What `start-connect-server.sh --wait` runs (spark-daemon.sh `submit`), without the pid file and nohup.
+    server = Daemon("connect-server", [
         f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-        "--name", "Spark Connect server", "--master", master, "--driver-memory", "1g",
-        "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--name", "Spark Connect server", "--master", "local[2]", "--driver-memory", "1g",
+        "--conf", f"spark.connect.grpc.binding.port={grpc}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'local'}", *extra,
-    ]
-    server = Daemon("connect-server", cmd, env, tmp / "connect.log")
-
-    def listening() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
-
+        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'connect-local'}",
+    ], env, tmp / "connect.log")
+    # Workers started with the master retry until it is up (Worker's registration retries).
+    workers = [Daemon(f"worker{i}", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", j.cluster.master_url,
+                                     "--cores", "1", "--memory", "1g", "--host", "127.0.0.1", "--webui-port", str(free_port()),
+                                     "--work-dir", str(wd)], env, tmp / f"worker{i}.log") for i, wd in enumerate(j.cluster.work_dirs)]
     try:
-        server.start()
-        wait_until(listening, START_TIMEOUT, "Spark Connect server listening", server.dead)
-        yield f"sc://127.0.0.1:{port}"
+        for d in (master, server, *workers):
+            j.daemons.append(d.start())
+        yield j
     finally:
-        stop_all([server])
+        left = {d.name: d.stop() for d in reversed(j.daemons)}
+        assert not any(left.values()), f"processes left after killing their groups: {left}"
 
 
 # ---------------------------------------------------------------------------
@@ -323,9 +318,10 @@ def spec_named(name: str):
 
 
 @pytest.fixture(scope="module")
-def dataset(s3_server, spark, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+def dataset(s3_server, spark, jvms: Jvms, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """Produced once; the local[2] run in this process (while the cluster and the Connect server boot)."""
     from wire_dagster.engine import process
-    from wire_dagster.objectstore import ObjectStore, S3Config
+    from wire_dagster.objectstore import ObjectStore
     from wire_dagster.streams import close_stream, produce
 
     cfg = replace(s3_server, bucket="t-clusters-" + uuid.uuid4().hex[:8])
@@ -350,40 +346,79 @@ def dataset(s3_server, spark, tmp_path_factory: pytest.TempPathFactory) -> Datas
         assert rep.malformed == 0 and rep.events == len(lines)
     close_stream(store, spec)
     now = max(e["ts"] for e in events) + 1000  # a fixed processing time: the same idle decisions in every mode
+    t0 = time.monotonic()
     out = process(store, spec, spark, max_epochs=50, now=now)
-    assert len(out.committed) >= 3, f"expected several epochs (state carried across them), got {out.committed}"
+    print(f"kc_local: process {time.monotonic() - t0:.1f} s")
+    assert len(out.committed) >= 2, f"expected several epochs (state carried across them), got {out.committed}"
     return Dataset(store, cfg.export_env(), events, retries, now, run_outputs(store, spec))
 
 
-def run_driver(ds: Dataset, name: str, env_extra: dict[str, str], tmp: Path) -> dict:
-    """This file as a script in its own process group: get_spark() from the environment, then engine.process."""
-    env = base_env(tmp)
-    env.update(ds.s3_env)
-    env.update(env_extra)
-    arg = json.dumps({"pipeline": dict(PIPELINE, name=name), "now": ds.now})
-    log = tmp / f"{name}.log"
-    with open(log, "wb") as f:
-        p = subprocess.Popen([sys.executable, __file__, arg], env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, cwd=str(Path(__file__).parent))
-    try:
-        p.wait(timeout=DRIVER_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
-        raise AssertionError(f"driver {name} did not finish in {DRIVER_TIMEOUT}s:\n{log.read_text(errors='replace')[-3000:]}") from None
-    finally:
-        # The driver's own JVM (and its Python workers) must go with it: give them a bounded while.
-        deadline = time.monotonic() + 30
-        while (left := group_members(p.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if left:
+@dataclass
+class Driver:
+    """This file run as a script in its own process group: get_spark() from the environment, then engine.process."""
+
+    name: str
+    log: Path
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(cls, ds: Dataset, name: str, env_extra: dict[str, str], tmp: Path) -> Driver:
+        env = base_env(tmp)
+        env.update(ds.s3_env)
+        env.update(env_extra)
+        arg = json.dumps({"pipeline": dict(PIPELINE, name=name), "now": ds.now})
+        log = tmp / f"{name}.log"
+        with open(log, "wb") as f:
+            p = subprocess.Popen([sys.executable, __file__, arg], env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=str(Path(__file__).parent))
+        return cls(name, log, p)
+
+    def finish(self, deadline: float) -> dict:
+        """Its report; kills the group if it overruns; asserts its JVM and Python workers went with it."""
+        p = self.proc
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-    text = log.read_text(errors="replace")
-    assert p.returncode == 0, f"driver {name} exited {p.returncode}:\n{text[-4000:]}"
-    assert not left, f"driver {name} left processes behind: {left}"
-    reports = [ln[len("WIRE_REPORT "):] for ln in text.splitlines() if ln.startswith("WIRE_REPORT ")]
-    assert reports, text[-3000:]
-    return json.loads(reports[-1])
+            p.wait(timeout=10)
+            raise AssertionError(f"driver {self.name} did not finish in {DRIVER_TIMEOUT}s:\n{self.log.read_text(errors='replace')[-3000:]}") from None
+        finally:
+            # The driver's own JVM (and its Python workers) exit with it: give them a bounded while.
+            until = time.monotonic() + 30
+            while (left := group_members(p.pid)) and time.monotonic() < until:
+                time.sleep(0.2)
+            if left:
+                os.killpg(p.pid, signal.SIGKILL)
+        text = self.log.read_text(errors="replace")
+        assert p.returncode == 0, f"driver {self.name} exited {p.returncode}:\n{text[-4000:]}"
+        assert not left, f"driver {self.name} left processes behind: {left}"
+        reports = [ln[len("WIRE_REPORT "):] for ln in text.splitlines() if ln.startswith("WIRE_REPORT ")]
+        assert reports, text[-3000:]
+        return json.loads(reports[-1])
+
+
+@pytest.fixture(scope="module")
+def remote_runs(dataset: Dataset, jvms: Jvms, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Both drivers at once (a standalone app and a Connect session do not share cores); their reports and outputs."""
+    tmp = tmp_path_factory.mktemp("drivers")
+    jvms.ready()
+    drivers = [
+        # An empty WIRE_SPARK_REMOTE means unset (compose passes `WIRE_SPARK_REMOTE=`).
+        Driver.start(dataset, "kc_standalone", {"WIRE_SPARK_MASTER": jvms.cluster.master_url, "WIRE_SPARK_REMOTE": ""}, tmp),
+        # WIRE_SPARK_REMOTE wins over WIRE_SPARK_MASTER.
+        Driver.start(dataset, "kc_connect", {"WIRE_SPARK_REMOTE": jvms.connect_url, "WIRE_SPARK_MASTER": "local[1]"}, tmp),
+    ]
+    deadline = time.monotonic() + DRIVER_TIMEOUT
+    out, errors = {}, []
+    for d in drivers:  # finish every driver, even if one fails
+        try:
+            out[d.name] = {"report": d.finish(deadline), "outputs": run_outputs(dataset.store, spec_named(d.name))}
+        except AssertionError as e:
+            errors.append(str(e))
+    assert not errors, "\n\n".join(errors)
+    for name, r in out.items():
+        print(f"{name}: session {r['report']['session_s']} s, process {r['report']['process_s']} s")
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -428,27 +463,25 @@ def test_local_run_matches_brute_force(dataset: Dataset) -> None:
     assert dataset.local["watermark"] == 2**62  # closed stream, all read
 
 
-def test_standalone_cluster_matches_local(dataset: Dataset, standalone: Cluster, tmp_path: Path) -> None:
-    """A driver with WIRE_SPARK_MASTER=spark://… (and an empty WIRE_SPARK_REMOTE, meaning unset) runs the kernel
-    on two executor JVMs, which read the chunks from S3 with the credentials shipped in the closure."""
-    rep = run_driver(dataset, "kc_standalone", {"WIRE_SPARK_MASTER": standalone.master_url, "WIRE_SPARK_REMOTE": ""}, tmp_path)
-    assert rep["kind"] == "classic" and rep["master"] == standalone.master_url, rep
+def test_standalone_cluster_matches_local(dataset: Dataset, jvms: Jvms, remote_runs: dict) -> None:
+    """WIRE_SPARK_MASTER=spark://… runs the kernel on two executor JVMs (one per worker), whose Python
+    workers read the chunks from S3 with the credentials shipped in the closure."""
+    rep, got = remote_runs["kc_standalone"]["report"], remote_runs["kc_standalone"]["outputs"]
+    cluster = jvms.cluster
+    assert rep["kind"] == "classic" and rep["master"] == cluster.master_url, rep
     assert rep["executors"] == 2, rep
-    # Each worker launched an executor for this application (its work dir holds the executor's logs).
-    for wd in standalone.work_dirs:
+    for wd in cluster.work_dirs:  # each worker launched an executor for this application
         assert list((wd / rep["app_id"]).glob("*/stderr")), f"no executor of {rep['app_id']} ran under {wd}"
-    apps = [a for a in standalone.state().get("completedapps", []) + standalone.state().get("activeapps", []) if a.get("id") == rep["app_id"]]
-    assert apps, "the application is not known to the standalone master"
-    got = run_outputs(dataset.store, spec_named("kc_standalone"))
+    st = cluster.state()
+    assert [a for a in st.get("completedapps", []) + st.get("activeapps", []) if a.get("id") == rep["app_id"]]
     assert got == dataset.local
 
 
-def test_spark_connect_matches_local(dataset: Dataset, connect_server: str, tmp_path: Path) -> None:
-    """A driver with WIRE_SPARK_REMOTE=sc://… (it wins over WIRE_SPARK_MASTER) starts no JVM of its own."""
-    rep = run_driver(dataset, "kc_connect", {"WIRE_SPARK_REMOTE": connect_server, "WIRE_SPARK_MASTER": "local[1]"}, tmp_path)
+def test_spark_connect_matches_local(dataset: Dataset, remote_runs: dict) -> None:
+    """WIRE_SPARK_REMOTE=sc://… gives a Spark Connect session: the driver process starts no JVM of its own."""
+    rep, got = remote_runs["kc_connect"]["report"], remote_runs["kc_connect"]["outputs"]
     assert rep["kind"] == "connect", rep
     assert rep["java_children"] == [], rep
-    got = run_outputs(dataset.store, spec_named("kc_connect"))
     assert got == dataset.local
 
 
@@ -495,11 +528,13 @@ def _drive(cfg: dict) -> None:
     from wire_dagster.sparksession import get_spark
     from wire_dagster.spec import pipeline_from_dict
 
+    t0 = time.monotonic()
     spark = get_spark(app="wire-test-clusters")
+    t1 = time.monotonic()
     store = ObjectStore(S3Config.from_env())
     spec = pipeline_from_dict(cfg["pipeline"])
     out = process(store, spec, spark, max_epochs=50, now=cfg["now"])
-    rep: dict = {"committed": out.committed}
+    rep: dict = {"committed": out.committed, "session_s": round(t1 - t0, 1), "process_s": round(time.monotonic() - t1, 1)}
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         rep["kind"] = "connect"
     else:

@@ -90,7 +90,7 @@ def test_bounded_out_of_orderness_and_never_backwards():
 def test_nothing_read_yet_is_minus_infinity():
     s = Stream(pipeline(), segments=("a", "b"))
     s.append("a", 1000)
-    # b has no chunk but is not idle yet (now - last_ingest is measured from -inf: it IS idle)
+    # b has read nothing: its last ingestion is -inf, so it is idle at once and does not hold W
     c = s.epoch(NOW0)
     assert c.decisions == {"a": "active", "b": "idle"}
     assert c.watermark == 800

@@ -7,6 +7,8 @@ that holds t; session windows of one key that overlap or touch are one.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -184,7 +186,7 @@ def test_merge_equals_connected_components(raw):
         assert ms == min(wins[i][0] for i in idx) and me == max(wins[i][1] for i in idx)
     # sorted by start, and merged windows neither overlap nor touch
     bounds = [b for b, _ in out]
-    assert all(a[1] < b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(a[1] < b[0] for a, b in pairwise(bounds))
 
 
 def test_partition_of_holds_end_minus_one():

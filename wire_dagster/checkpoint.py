@@ -168,10 +168,23 @@ class Checkpoints:
         return f"{self.root}output/{window}/{iso(partition).replace(':', '')}.parquet"
 
     # -- reading committed state ---------------------------------------------
-    def epochs(self) -> list[int]:
-        """Epoch numbers that have a prefix (committed or not), ascending."""
+    def _listing(self) -> dict[int, set[str]]:
+        """Epoch -> names of its objects (manifests `<run>.json`, the marker `_COMMITTED`), in one LIST.
+
+        A flat listing of objects, not of "directories": some servers (SeaweedFS) keep
+        listing a prefix whose objects were all deleted, and an epoch garbage collection
+        removed must not come back (nor make every later listing grow).
+        """
         prefix = f"{self.root}epochs/"
-        return sorted(int(p[len(prefix) :].rstrip("/")) for p in self.store.list_prefixes(prefix))
+        out: dict[int, set[str]] = {}
+        for i in self.store.list(prefix):
+            n, _, name = i.key[len(prefix) :].partition("/")
+            out.setdefault(int(n), set()).add(name)
+        return out
+
+    def epochs(self) -> list[int]:
+        """Epoch numbers that hold an object (a manifest or a marker; committed or not), ascending."""
+        return sorted(self._listing())
 
     def marker(self, n: int) -> Marker | None:
         try:
@@ -181,7 +194,8 @@ class Checkpoints:
         return Marker(d["run_id"], d["manifest"], d["sha256"])
 
     def committed(self) -> list[int]:
-        return [n for n in self.epochs() if self.marker(n) is not None]
+        """Epochs whose commit marker exists, ascending (one LIST, no GET per epoch)."""
+        return sorted(n for n, names in self._listing().items() if "_COMMITTED" in names)
 
     def load(self, n: int) -> Manifest:
         """The committed manifest of epoch n (verified against its marker)."""
@@ -198,10 +212,8 @@ class Checkpoints:
 
     def latest(self) -> Manifest | None:
         """The last committed epoch's manifest; uncommitted epochs are ignored."""
-        for n in reversed(self.epochs()):
-            if self.marker(n) is not None:
-                return self.load(n)
-        return None
+        committed = self.committed()
+        return self.load(committed[-1]) if committed else None
 
     # -- prepare and commit ----------------------------------------------------
     def stage(self, run_id: str, rel: str, data: bytes, rows: int, epoch: int) -> FileRef:
@@ -223,6 +235,7 @@ class Checkpoints:
         key = self.manifest_key(manifest.epoch, manifest.run_id)
         body = json.dumps({"run_id": manifest.run_id, "manifest": key, "sha256": sha256(manifest.to_bytes())}).encode()
         fault("before-marker")
+        self._fence(manifest)
         try:
             self.store.create_if_absent(self.marker_key(manifest.epoch), body)
         except ObjectExists:
@@ -241,13 +254,43 @@ class Checkpoints:
             )
         fault("after-marker")
 
+    def _fence(self, manifest: Manifest) -> None:
+        """A zombie cannot commit an epoch the timeline has moved past.
+
+        The marker's create-if-absent decides between rivals for epoch N while N's
+        marker exists; once garbage collection has deleted it, N's slot would be free
+        again, so a later committed epoch also means this attempt lost.
+        """
+        own = self.marker(manifest.epoch)
+        if own is not None and own.run_id == manifest.run_id:
+            return  # already won: commit stays idempotent
+        for n in reversed(self.committed()):
+            if n <= manifest.epoch:
+                break
+            won = self.marker(n)
+            if won is not None:
+                raise CommitConflict(
+                    f"epoch {manifest.epoch} of {self.pipeline}: epoch {n} is already committed (run {won.run_id}); this run aborts"
+                )
+
     def abort(self, run_id: str) -> int:
-        """Collect a losing or failed attempt's staging (never a committed run's)."""
-        for n in self.epochs():
-            m = self.marker(n)
-            if m and m.run_id == run_id:
-                return 0
-        return self.store.delete_many(i.key for i in self.store.list(self.staging_prefix(run_id)))
+        """Collect a losing or failed attempt's staging (never a committed run's, never a file the
+        latest committed manifest names)."""
+        listing = self._listing()
+        for n, names in listing.items():
+            if f"{run_id}.json" in names and "_COMMITTED" in names:
+                m = self.marker(n)
+                if m and m.run_id == run_id:
+                    return 0
+        latest = max((n for n, names in listing.items() if "_COMMITTED" in names), default=None)
+        named = {f.key for f in self._files_of(latest)} if latest is not None else set()
+        return self.store.delete_many(i.key for i in self.store.list(self.staging_prefix(run_id)) if i.key not in named)
+
+    def _files_of(self, n: int) -> list[FileRef]:
+        try:
+            return self.load(n).files()
+        except ObjectNotFound:  # collected meanwhile: it names nothing any more
+            return []
 
     # -- publishing and self-correction --------------------------------------
     def publish(self, manifest: Manifest, windows_partitions: dict[str, list[int]] | None = None) -> list[str]:
@@ -259,6 +302,15 @@ class Checkpoints:
         latest = self.latest()
         if latest is None or latest.epoch != manifest.epoch:
             return []
+        fixed = self._publish(manifest, windows_partitions)
+        # A newer epoch committed while we wrote (we were a slow publisher): what we wrote
+        # may be older than its content, so make the output equal to the newest manifest.
+        newest = self.latest()
+        if newest is not None and newest.epoch != manifest.epoch:
+            fixed += self.publish(newest)
+        return fixed
+
+    def _publish(self, manifest: Manifest, windows_partitions: dict[str, list[int]] | None) -> list[str]:
         fixed = []
         for window, parts in manifest.outputs.items():
             wanted = windows_partitions.get(window) if windows_partitions is not None else None
@@ -300,7 +352,7 @@ class Checkpoints:
     def gc(self, keep: int = 5, grace_s: float = 600.0, current_run: str | None = None) -> dict[str, int]:
         """Keep the last `keep` committed epochs; never delete a file a kept manifest names.
 
-        Deletes: epochs older than the kept ones (manifests, markers last); staged files
+        Deletes: epochs older than the kept ones (the marker first); staged files
         of committed runs that no kept manifest names; staging of runs that never
         committed once older than `grace_s` (younger ones may still be preparing).
         """
@@ -313,7 +365,9 @@ class Checkpoints:
         for n in self.epochs():
             if kept and (n < kept[0] or (n < kept[-1] and n not in committed)):
                 keys = [i.key for i in self.store.list(self.epoch_prefix(n))]
-                keys.sort(key=lambda k: k.endswith("_COMMITTED"))  # the marker goes last
+                # The marker goes first: a crash half-way leaves an uncommitted epoch (collected
+                # next time), never a committed marker whose manifest is gone.
+                keys.sort(key=lambda k: not k.endswith("_COMMITTED"))
                 for k in keys:
                     fault("during-gc")
                     self.store.delete(k)

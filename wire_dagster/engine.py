@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
-from .errors import CommitConflict, WireInputError
-from .faults import fault
+from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
+from .faults import fault, pause
 from .kernel import DEAD_LETTER, read_events, run_epoch
 from .objectstore import ObjectStore
 from .spec import Pipeline
@@ -83,14 +83,16 @@ def process(
     max_epochs: int = 1,
     run_id: str | None = None,
     now: int | None = None,
-    keep_epochs: int = 10,
+    keep_epochs: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Commit up to `max_epochs` new epochs of the pipeline (none if nothing changed).
 
     Restart-safe: it starts from the last committed epoch, repairs published output
-    that differs from it, and ignores every uncommitted attempt.
+    that differs from it, and ignores every uncommitted attempt. Garbage collection
+    keeps the last `keep_epochs` committed epochs (default: WIRE_KEEP_EPOCHS, else 10).
     """
+    keep_epochs = keep_epochs_setting(keep_epochs)
     cp = Checkpoints(store, spec.name)
     prev = cp.latest()
     out = Outcome(manifest=prev)
@@ -108,6 +110,32 @@ def process(
     offsets = prev.remap if prev else {}
     out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
     return out
+
+
+def keep_epochs_setting(value: int | None = None) -> int:
+    """Committed epochs garbage collection keeps: `value`, else WIRE_KEEP_EPOCHS, else 10."""
+    import os
+
+    raw = value if value is not None else os.environ.get("WIRE_KEEP_EPOCHS") or 10
+    try:
+        keep = int(raw)
+    except ValueError:
+        keep = 0
+    if keep < 1:
+        raise WireInputError(f"WIRE_KEEP_EPOCHS: expected an integer >= 1, got {raw!r}")
+    return keep
+
+
+def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
+    """After a Spark failure: the typed error if the object store is what failed, else None."""
+    try:
+        store.ping()
+    except ObjectStoreError as down:
+        return ObjectStoreError(
+            f"epoch {epoch}: Spark could not read the stream because the object store at "
+            f"{store.cfg.endpoint} is unreachable ({down}); nothing was committed, run again once it is back"
+        )
+    return None
 
 
 def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | None, run_id: str, now, progress) -> Manifest | None:
@@ -137,8 +165,17 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
         spark = get_spark()
     state = {w.name: _read_table(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
     ids = _read_table(store, prev.ids) if prev else None
-    events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
-    res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark)
+    pause("before-spark")
+    try:
+        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
+        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark)
+    except WireError:
+        raise
+    except Exception:  # Spark wraps executor I/O errors in its own exceptions
+        down = _store_down(store, epoch)
+        if down is not None:
+            raise down from None
+        raise
 
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
@@ -162,11 +199,14 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
                     changed[w.name].append(p)
                 parts[str(p)] = ref
     # partitions that became ready in this epoch are "changed" too, even if empty
+    lo_t = min(
+        [c.min_t for c in chunks if c.min_t is not None]
+        + [pc.min(t["start"]).as_py() for t in state.values() if t is not None and t.num_rows],
+        default=None,
+    )
+    became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
     for w in spec.windows:
-        for p in ready_between(spec, w_prev, clock.watermark, clock, prev):
-            if p not in changed[w.name]:
-                changed[w.name].append(p)
-        changed[w.name].sort()
+        changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))
     fault("after-staging")
     st_refs = {}
     for w in spec.windows:
@@ -222,18 +262,29 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
     return manifest
 
 
-def ready_between(spec: Pipeline, w_prev: int, w_new: int, clock, prev: Manifest | None) -> list[int]:
+def ready_between(
+    spec: Pipeline, w_prev: int, w_new: int, clock, prev: Manifest | None, lo_t: int | None = None
+) -> list[int]:
     """Partitions with data that became ready (`W >= p_end`) between two watermarks.
 
     Bounded by the data read so far: an infinite watermark (closed stream) makes
-    ready only partitions up to the last event's windows.
+    ready only partitions up to the last event's windows, and a first finite
+    watermark (`w_prev` = -inf) only partitions from the earliest event still
+    held (`lo_t`: this epoch's chunks and the open windows), never every
+    partition since the pipeline's `start`.
     """
     hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
     if hi_t <= NEG_INF:
         return []
     last_p = spec.start + ((hi_t + spec.max_extent - 1 - spec.start) // spec.partition) * spec.partition
-    lo = max(w_prev, spec.start)
-    first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition - spec.partition
+    if w_prev <= NEG_INF:
+        if lo_t is None:
+            return []
+        lo = max(lo_t, spec.start)
+        first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition
+    else:
+        lo = max(w_prev, spec.start)
+        first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition - spec.partition
     out = []
     p = max(first_p, spec.start)
     while p <= last_p:

@@ -105,7 +105,9 @@ DEAD_LETTER = pa.schema(
         ("row", pa.int64()),
     ]
 )
-IDS = pa.schema([("id", pa.string()), ("expires", pa.int64())])
+# Id memory: an id with its event's key and time, so that it can be kept while the
+# session that counted it stays open (sessions can outlive `t + extent + lateness`).
+IDS = pa.schema([("id", pa.string()), ("expires", pa.int64()), ("key", pa.string()), ("t", pa.int64())])
 
 
 def _partial_exprs(F, w: WindowSpec):
@@ -158,14 +160,16 @@ def _finalize(F, a: Aggregate):
 
 def _event_json(F, spec: Pipeline):
     """The event as the pipeline sees it, for dead letters."""
-    pairs = [F.lit(spec.time_field), F.col(TIME).cast("string")]
+    # One entry per field name: a field can be both the key (or id) and an aggregate's field,
+    # e.g. count_distinct(user) keyed by user, and Spark refuses duplicate map keys.
+    pairs = {spec.time_field: F.col(TIME).cast("string")}
     if spec.key_field:
-        pairs += [F.lit(spec.key_field), F.col(KEY)]
+        pairs.setdefault(spec.key_field, F.col(KEY))
     if spec.id_field:
-        pairs += [F.lit(spec.id_field), F.col(ID)]
+        pairs.setdefault(spec.id_field, F.col(ID))
     for f in sorted(set(spec.numeric_fields) | set(spec.distinct_fields) | set(spec.gap_fields)):
-        pairs += [F.lit(f), F.col(field_column(f)).cast("string")]
-    return F.to_json(F.map_from_arrays(F.array(*pairs[0::2]), F.array(*pairs[1::2])))
+        pairs.setdefault(f, F.col(field_column(f)).cast("string"))
+    return F.to_json(F.map_from_arrays(F.array(*[F.lit(k) for k in pairs]), F.array(*pairs.values())))
 
 
 def _dead(F, df, spec: Pipeline, reason: str, window: str | None):
@@ -219,7 +223,7 @@ def run_epoch(
     duplicate = 0
     ids_out = None
     if spec.id_field:
-        seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT")
+        seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT, key STRING, t BIGINT")
         order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
         ev = ev.withColumn("_rn", F.row_number().over(order)).join(
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
@@ -237,9 +241,8 @@ def run_epoch(
             ext = F.greatest(F.lit(spec.max_extent), *[F.coalesce(F.col(field_column(g)), F.lit(0)) for g in spec.gap_fields]) + L
         else:
             ext = F.lit(extent)
-        fresh = ev.select(F.col(ID).alias("id"), (F.col(TIME) + ext).alias("expires"))
-        ids_df = seen.unionByName(fresh).filter(F.col("expires") > F.lit(w_new))
-        ids_out = _to_arrow(ids_df.groupBy("id").agg(F.max("expires").alias("expires")).orderBy("id"), IDS)
+        fresh = ev.select(F.col(ID).alias("id"), (F.col(TIME) + ext).alias("expires"), F.col(KEY).alias("key"), F.col(TIME).alias("t"))
+        ids_df = seen.unionByName(fresh)  # disjoint: `fresh` holds neither seen ids nor repeats
     else:
         ev = ev.localCheckpoint()
 
@@ -253,6 +256,20 @@ def run_epoch(
         if res.late:
             dead.append(_dead(F, late_df, spec, "late", w.name))
         results[w.name] = res
+
+    if spec.id_field:
+        # An id inside a session that is still open is kept until that session is purged:
+        # a retried event would otherwise touch the open session and be counted again.
+        for w in spec.windows:
+            if w.type == "session":
+                s = _state_df(spark, w, results[w.name].state).select(
+                    F.col("key").alias("_sk"), F.col("start").alias("_ss"), F.col("end").alias("_se")
+                )
+                inside = F.col("key").eqNullSafe(F.col("_sk")) & (F.col("_ss") <= F.col("t")) & (F.col("t") < F.col("_se"))
+                ids_df = ids_df.join(s, inside, "left").select(
+                    "id", F.greatest(F.col("expires"), F.col("_se") + F.lit(L)).alias("expires"), "key", "t"
+                )
+        ids_out = _to_arrow(ids_df.filter(F.col("expires") > F.lit(w_new)).orderBy("id"), IDS)
 
     if dead:
         d = dead[0]
@@ -339,8 +356,9 @@ def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w
         "_pmax", F.max("end").over(order.rowsBetween(SW.unboundedPreceding, -1))
     ).withColumn("_new", F.when(F.col("_pmax").isNull() | (F.col("start") > F.col("_pmax")), 1).otherwise(0))
     pieces = pieces.withColumn("_grp", F.sum("_new").over(order.rowsBetween(SW.unboundedPreceding, 0))).localCheckpoint()
+    # A group of state pieces only (no event of this epoch) is unchanged: it does not re-fire.
     groups = pieces.groupBy("key", "_grp").agg(
-        F.min("start").alias("start"), F.max("end").alias("end"), *_merge_aggs(F, w), F.lit(True).alias("_touched")
+        F.min("start").alias("start"), F.max("end").alias("end"), *_merge_aggs(F, w), F.max("_touched").alias("_touched")
     )
     # Fired sessions (end <= W_prev) whose bounds changed are retracted.
     bounds = groups.select(F.col("key").alias("_gk"), F.col("_grp").alias("_gg"), F.col("start").alias("_gs"), F.col("end").alias("_ge"))

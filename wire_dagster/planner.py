@@ -49,21 +49,39 @@ def parse_cursor(cursor: str | None) -> int:
     return int(json.loads(cursor).get("epoch", 0))
 
 
-def _partitions_between(spec: Pipeline, w_lo: int, w_hi: int, hi_t: int) -> list[int]:
-    """Partitions whose end falls in (w_lo, w_hi], bounded by the data (no partition
-    after the last window any read event can belong to)."""
+def _partitions_between(spec: Pipeline, w_lo: int, w_hi: int, hi_t: int, lo_t: int | None = None) -> list[int]:
+    """Partitions whose end falls in (w_lo, w_hi], bounded by the data: none after the last
+    window any read event can belong to and, for a first finite watermark (w_lo = -inf),
+    none before the earliest event read (`lo_t`), as `engine.ready_between` decides them."""
     if hi_t <= NEG_INF or w_hi <= w_lo:
         return []
     last = spec.start + ((min(hi_t + spec.max_extent, INF) - 1 - spec.start) // spec.partition) * spec.partition
-    first_end = max(w_lo, spec.start)
-    p = spec.start + ((first_end - spec.start) // spec.partition) * spec.partition
-    p = max(spec.start, p - spec.partition)
+    if w_lo <= NEG_INF:
+        if lo_t is None:
+            return []
+        p = spec.start + ((max(lo_t, spec.start) - spec.start) // spec.partition) * spec.partition
+    else:
+        first_end = max(w_lo, spec.start)
+        p = spec.start + ((first_end - spec.start) // spec.partition) * spec.partition - spec.partition
+    p = max(spec.start, p)
     out = []
     while p <= last:
         if w_lo < p + spec.partition <= w_hi:
             out.append(p)
         p += spec.partition
     return out
+
+
+def _last_window_end(spec: Pipeline, t: int) -> int:
+    """The latest end of any window an event at t belongs to (a session: its one-event
+    window; sessions it merges with are found by the commit and requested after it)."""
+    ends = []
+    for w in spec.windows:
+        if w.type == "session":
+            ends.append(t + w.gap)
+        else:
+            ends.append(t - (t - w.offset) % w.slide + w.size)
+    return max(ends)
 
 
 def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None = None) -> Plan:
@@ -78,7 +96,10 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         m = cp.load(n) if n != committed else latest
         for parts in m.changed.values():
             for p in parts:
-                reqs.setdefault((n, p), Request(n, p, "committed"))
+                # A run is for a ready partition: a window that fired into a partition
+                # whose end W has not reached yet is reported once the partition is ready.
+                if m.watermark >= p + spec.partition:
+                    reqs.setdefault((n, p), Request(n, p, "committed"))
     w = latest.watermark if latest else NEG_INF
     offsets = latest.remap if latest else {}
     views = read_stream(store, spec.stream, offsets)
@@ -98,7 +119,10 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         predicted = clock.watermark
         hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
         nxt = committed + 1
-        for p in _partitions_between(spec, w, predicted, hi_t):
+        # (the engine also counts the open windows' starts in lo_t; they exist before a first finite
+        # watermark only if every segment was idle until now: then the commit's request covers the rest)
+        lo_t = min((c.min_t for cs in taken.values() for c in cs if c.min_t is not None), default=None)
+        for p in _partitions_between(spec, w, predicted, hi_t, lo_t):
             reqs.setdefault((nxt, p), Request(nxt, p, "ready"))
         # late data: pending events older than W can change ready-but-not-final partitions
         for chunks in taken.values():
@@ -106,7 +130,9 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
                 if c.min_t is None or c.min_t >= w:
                     continue
                 lo = c.min_t
-                hi = min(c.max_t, w) + spec.max_extent
+                # the last partition a late event of this chunk can change: the one holding
+                # (end - 1) of the latest-ending window of an event at min(max_t, W - 1)
+                hi = _last_window_end(spec, min(c.max_t, w - 1)) - 1
                 p = spec.start + ((max(lo, spec.start) - spec.start) // spec.partition) * spec.partition
                 while p <= hi:
                     ready = w >= p + spec.partition

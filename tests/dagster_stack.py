@@ -1,0 +1,420 @@
+"""The end-to-end Dagster stack shared by test_e2e_dagster.py and test_browser.py.
+
+    embedded S3 (the session's server, a bucket of its own)
+    Spark Connect server  the session's (`spark_remote` in conftest.py); without one, a
+                          spark-submit SparkConnectServer in the foreground, own process group
+    dagster dev           webserver + daemon + code server, own process group, project-local
+                          DAGSTER_HOME (wire_dagster.devstack: QueuedRunCoordinator, one run per
+                          pipeline at a time), WIRE_SPARK_REMOTE=sc://... so each run attaches
+                          to the Connect server instead of booting a JVM
+
+A small pipeline whose sensor ticks every 2 s; events are produced and the stream
+closed once the UI is up, and `start()` returns when the sensor's runs have
+materialized every ready partition with the committed content's data version.
+Every wait is a bounded poll on a condition; every process is stopped by its group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+M = 60_000
+H = 3_600_000
+# Event time starts an hour or two ago, and the pipeline's partitions start there and end 10 min
+# ahead of the clock (limits.max_future): about a hundred Dagster partitions, so the UI's
+# partition pages stay light (a 1m-partitioned pipeline starting months ago has ~10^5 of them).
+T0 = (int(time.time() * 1000) // H - 1) * H
+NAME = "e2e"
+PIPELINE = {
+    "name": NAME,
+    "stream": NAME,
+    "event": {"key": "user", "time": "ts", "id": "eid"},
+    "watermark": {"max_out_of_orderness": "3s", "idle_timeout": "1h"},
+    "lateness": {"allowed": "20s"},
+    "partition": "1m",
+    "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 / 1000)),
+    "limits": {"max_future": "10m"},
+    "windows": [
+        {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
+        {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},
+        {"name": "sessions", "type": "session", "gap": "15s", "aggregates": {"n": "count", "total": "sum(amount)"}},
+    ],
+    "dagster": {"sensor_interval": "2s"},
+}
+START_TIMEOUT = 240  # dagster dev (three Python processes) and the Connect JVM on a loaded machine
+SETTLE_TIMEOUT = 360  # the sensor's runs, one at a time
+ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_members(pgid: int) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def wait_until(cond: Callable[[], object], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None, every: float = 0.5):
+    """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()` reports death."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        dead = alive()
+        if dead:
+            raise AssertionError(f"{what}: {dead}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout:.0f}s")
+        time.sleep(every)
+
+
+@dataclass
+class Proc:
+    """A command in its own process group, logging to a file."""
+
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    log: Path
+    cwd: str | None = None
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=f, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def dead(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.name} exited {self.proc.returncode}; log tail:\n{self.tail()}"
+        return None
+
+    def stop(self, grace: float = 30) -> list[int]:
+        """SIGTERM the group, SIGKILL what is left after `grace`; the pids still alive (should be none)."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while group_members(pgid) and time.monotonic() < deadline:
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if not group_members(pgid):
+                break
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        return group_members(pgid)
+
+
+def make_events() -> list[dict]:
+    """Two users over 0:00-0:58, out of order by < 3 s (nothing late), unique ids: results in
+    partitions 0:00 (tumbling, sliding [-1, 1), a session) and 0:01 (sliding [0, 2), sessions
+    ending after 1:00)."""
+    rng = random.Random(17)
+    evs = [{"user": "u1", "ts": T0 + i * 4000, "amount": i % 9} for i in range(15)]
+    evs += [{"user": "u2", "ts": T0 + 5_000 + i * 3000, "amount": 3 + i % 4} for i in range(5)]
+    evs += [{"user": "u2", "ts": T0 + 40_000 + i * 2000, "amount": i} for i in range(10)]
+    evs.sort(key=lambda e: e["ts"] + rng.randrange(0, 2500))
+    for i, e in enumerate(evs):
+        e["eid"] = f"e{i}"
+    return evs
+
+
+def spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "WIRE_SPARK_REMOTE", "WIRE_SPARK_MASTER",
+              "PYSPARK_SUBMIT_ARGS", "DAGSTER_HOME", "WIRE_PIPELINES"):
+        env.pop(k, None)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    s3_env: dict[str, str]
+    store: object
+    spec: object
+    events: list[dict]
+    port: int
+    home: Path
+    procs: list[Proc] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # ------------------------------------------------------------------ GraphQL
+    def gql(self, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
+        req = urllib.request.Request(
+            self.url + "/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = json.load(r)
+        if body.get("errors"):
+            raise AssertionError(f"GraphQL errors: {json.dumps(body['errors'])[:2000]}")
+        return body["data"]
+
+    def alive(self) -> str | None:
+        return next((p.dead() for p in self.procs if p.dead()), None)
+
+    def location_loaded(self) -> bool:
+        try:
+            d = self.gql("""{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+                locationOrLoadError { __typename ... on PythonError { message } } } } } }""", timeout=10)
+        except (OSError, urllib.error.URLError):
+            return False
+        entries = d["workspaceOrError"].get("locationEntries") or []
+        for e in entries:
+            err = e.get("locationOrLoadError") or {}
+            if err.get("__typename") == "PythonError":
+                raise AssertionError(f"code location {e['name']} failed to load: {err['message'][:2000]}")
+        return any(e["loadStatus"] == "LOADED" and (e.get("locationOrLoadError") or {}).get("__typename") == "RepositoryLocation" for e in entries)
+
+    def runs(self, tags: dict[str, str] | None = None) -> list[dict]:
+        tags = tags or {"wire/pipeline": NAME}
+        d = self.gql(
+            """query($f: RunsFilter) { runsOrError(filter: $f) { __typename ... on Runs { results {
+                 runId status startTime endTime creationTime tags { key value } } } ... on PythonError { message } } }""",
+            {"f": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}},
+        )
+        r = d["runsOrError"]
+        assert r["__typename"] == "Runs", r
+        out = r["results"]
+        for run in out:
+            run["tags"] = {t["key"]: t["value"] for t in run["tags"]}
+        return out
+
+    def latest_materializations(self, window: str, partitions: list[str]) -> dict[str, dict]:
+        """partition key -> the latest materialization (runId, timestamp, data version, metadata texts)."""
+        d = self.gql(
+            """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
+                 assetMaterializations(partitions: $p) { partition runId timestamp tags { key value }
+                   metadataEntries { label __typename ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } } } } } }""",
+            {"k": {"path": [NAME, window]}, "p": partitions},
+        )
+        a = d["assetOrError"]
+        if a["__typename"] != "Asset":
+            return {}
+        out: dict[str, dict] = {}
+        for m in a["assetMaterializations"]:
+            cur = out.get(m["partition"])
+            if cur is None or float(m["timestamp"]) > float(cur["timestamp"]):
+                out[m["partition"]] = m
+        for m in out.values():
+            m["tags"] = {t["key"]: t["value"] for t in m["tags"]}
+            m["meta"] = {e["label"]: e.get("text", e.get("intValue")) for e in m["metadataEntries"]}
+        return out
+
+    # ------------------------------------------------------------------ what is committed
+    def committed_versions(self) -> tuple[object, dict[str, dict[int, str]]]:
+        """The latest committed manifest and, per window and partition, the content hash of its file."""
+        from wire_dagster.checkpoint import Checkpoints
+
+        m = Checkpoints(self.store, NAME).latest()
+        if m is None:
+            return None, {}
+        return m, {w: {int(p): hashlib.sha256(self.store.get(ref.key)).hexdigest()[:32] for p, ref in parts.items()}
+                   for w, parts in m.outputs.items()}
+
+    def to_report(self) -> set[str]:
+        """Partition keys the sensor must ask for: those every committed epoch changed while ready."""
+        from wire_dagster.checkpoint import Checkpoints
+
+        cp = Checkpoints(self.store, NAME)
+        out = set()
+        for n in cp.committed():
+            m = cp.load(n)
+            out |= {partition_key(p) for ps in m.changed.values() for p in ps if m.watermark >= p + self.spec.partition}
+        return out
+
+    def settled(self) -> dict | None:
+        """When the closed stream is committed and every partition a sensor run was for shows, for every
+        window, the committed content's data version, with no run in flight: what was seen."""
+        from wire_dagster.timeutil import INF
+
+        runs = self.runs()
+        failed = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
+        if failed:
+            raise AssertionError(f"sensor runs failed: {[(r['runId'], r['tags'].get('dagster/partition')) for r in failed]}\n"
+                                 f"dagster dev log tail:\n{self.procs[-1].tail(6000)}")
+        if not runs or any(r["status"] in ACTIVE for r in runs):
+            return None
+        m, versions = self.committed_versions()
+        if m is None or m.watermark < INF:
+            return None
+        parts = sorted({r["tags"]["dagster/partition"] for r in runs})
+        if not self.to_report() <= set(parts):
+            return None  # a committed epoch whose partitions the sensor has not asked for yet
+        mats = {}
+        for w in self.spec.windows:
+            mats[w.name] = self.latest_materializations(w.name, parts)
+            for pk in parts:
+                got = mats[w.name].get(pk)
+                want = versions.get(w.name, {}).get(partition_ms(pk), "empty")
+                if got is None or got["tags"].get("dagster/data_version") != want:
+                    return None
+        return {"runs": runs, "partitions": parts, "materializations": mats, "manifest": m}
+
+    # ------------------------------------------------------------------ lifecycle
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        left = {p.name: p.stop() for p in reversed(self.procs)}
+        assert not any(left.values()), f"processes left after killing their groups: {left}"
+
+
+def partition_key(p: int) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(p / 1000, tz=timezone.utc).strftime("%Y-%m-%d-%H:%M")
+
+
+def partition_ms(pk: str) -> int:
+    from datetime import datetime, timezone
+
+    return int(datetime.strptime(pk, "%Y-%m-%d-%H:%M").replace(tzinfo=timezone.utc).timestamp() * 1000)
+
+
+# Small epochs: without AQE and with one shuffle partition an epoch runs far fewer Spark jobs.
+CONNECT_CONF = {
+    "spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "2", "spark.sql.session.timeZone": "UTC", "spark.python.worker.reuse": "true",
+}
+
+
+def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
+    """Start everything, produce and close the stream, wait for the sensor's runs to settle.
+
+    `remote`: a running Spark Connect server to attach the runs to (the session's, when there
+    is one); otherwise one is started here for the stack."""
+    from wire_dagster.devstack import dagster_dev_command, ensure_dagster_home
+    from wire_dagster.objectstore import ObjectStore
+    from wire_dagster.spec import load_pipeline
+    from wire_dagster.streams import close_stream, produce
+
+    cfg = replace(s3_server, bucket="e2e-" + uuid.uuid4().hex[:8])
+    store = ObjectStore(cfg)
+    store.ensure_bucket()
+    pdir = tmp / "pipelines"
+    pdir.mkdir()
+    (pdir / f"{NAME}.yaml").write_text(yaml.safe_dump(PIPELINE))
+    spec = load_pipeline(pdir / f"{NAME}.yaml")
+    with pytest.MonkeyPatch.context() as mp:  # ensure_dagster_home also exports DAGSTER_HOME: not for this process
+        mp.delenv("DAGSTER_HOME", raising=False)
+        home = ensure_dagster_home(tmp / "dagster-home")
+    assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text()
+    stack = Stack(tmp, cfg.export_env(), store, spec, make_events(), free_port(), home)
+
+    # One Spark Connect server for every run of the test (DESIGN §5 Latency).
+    procs = []
+    sc_port = free_port()
+    if remote is None:
+        sc_env = clean_env()
+        sc_env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp / "spark-logs"),
+                      SPARK_PID_DIR=str(tmp / "spark-pids"), SPARK_CONNECT_MODE="0")
+        confs = {**CONNECT_CONF, "spark.connect.grpc.binding.port": str(sc_port), "spark.connect.grpc.binding.address": "127.0.0.1",
+                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                 "spark.pyspark.python": sys.executable, "spark.local.dir": str(tmp / "spark-local")}
+        procs.append(Proc("spark-connect", [
+            f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name", "wire-e2e-connect", "--master", "local[2]", "--driver-memory", "1g",
+            *[x for k, v in confs.items() for x in ("--conf", f"{k}={v}")],
+        ], sc_env, tmp / "spark-connect.log"))
+        remote = f"sc://127.0.0.1:{sc_port}"
+    dev_env = clean_env()
+    dev_env.update(stack.s3_env)
+    dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_SPARK_REMOTE=remote, WIRE_TICK_LOG_LEVEL="INFO")
+    dev = Proc("dagster-dev", dagster_dev_command(stack.port), dev_env, tmp / "dagster-dev.log", cwd=str(Path(__file__).resolve().parent.parent))
+    stack.procs = procs + [dev]
+    try:
+        for p in stack.procs:
+            p.start()
+        host, port = remote[len("sc://"):].split(":")[0], int(remote.rsplit(":", 1)[1])
+
+        def listening() -> bool:
+            try:
+                with socket.create_connection((host, port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_until(listening, START_TIMEOUT, f"Spark Connect server listening at {remote}", stack.alive)
+        wait_until(stack.location_loaded, START_TIMEOUT, "dagster dev: code location loaded", stack.alive, every=1.0)
+
+        f = tmp / "events.jsonl"
+        f.write_text("".join(json.dumps(e) + "\n" for e in stack.events))
+        rep = produce(store, spec, f, segment="0")
+        assert rep.events == len(stack.events) and rep.malformed == 0
+        close_stream(store, spec)
+        stack.first_settle = wait_until(stack.settled, SETTLE_TIMEOUT, "the sensor's runs materialize every ready partition",
+                                        stack.alive, every=2.0)
+        return stack
+    except BaseException:
+        for p in stack.procs:
+            print(f"---- {p.name} log tail ----\n{p.tail(6000)}", file=sys.stderr)
+        stack.stop()
+        raise
+
+
+_RUNNING: list[Stack] = []
+
+
+def stop_running() -> None:
+    """Stop the shared stack now (called after the last test that uses it)."""
+    while _RUNNING:
+        _RUNNING.pop().stop()

@@ -1,0 +1,158 @@
+"""The commit protocol itself (DESIGN §3), without Spark: manifests built by hand over
+staged files, on the real embedded S3 server.
+
+    staging/<run>/...  ──prepare──▶  epochs/N/<run>.json  ──commit──▶  epochs/N/_COMMITTED
+                                      (invisible)                        (readers follow it)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from commit_scenario import T0, hand_epoch, staging_runs, tumble_rows, write_pipeline
+
+from wire_dagster import engine
+from wire_dagster.checkpoint import Checkpoints, sha256
+from wire_dagster.errors import CommitConflict, CorruptManifest, ObjectNotFound
+from wire_dagster.objectstore import ObjectStore
+
+P0, P1, P2 = T0, T0 + 10_000, T0 + 20_000
+
+
+@pytest.fixture
+def spec(tmp_path):
+    return write_pipeline(tmp_path, "cp")[0]
+
+
+def test_prepared_manifests_never_change_what_readers_see(store: ObjectStore, spec) -> None:
+    """An uncommitted manifest (prepare without commit) — for the next epoch or one further
+    ahead — changes neither read_results, latest(), committed() nor the published output."""
+    cp = Checkpoints(store, spec.name)
+    assert engine.read_results(store, spec, "tumble").num_rows == 0
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
+    cp.publish(m1)
+    seen = (tumble_rows(store, spec), {i.key: i.etag for i in store.list(cp.root + "output/")})
+    assert seen[0] == [("k", P0, 1)]
+    hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)], P1: [("k", P1, 5)]}, carry=m1, commit=False)
+    hand_epoch(cp, spec, 3, "run-c", {P2: [("x", P2, 9)]}, carry=m1, commit=False)
+    assert cp.epochs() == [1, 2, 3] and cp.committed() == [1]
+    assert cp.latest() == m1
+    assert (tumble_rows(store, spec), {i.key: i.etag for i in store.list(cp.root + "output/")}) == seen
+    # the rival's staged files exist, they are just not named by any committed manifest
+    assert {"run-a", "run-b", "run-c"} <= staging_runs(store, spec)
+
+
+def test_commit_marker_decides_one_winner(store: ObjectStore, spec) -> None:
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
+    a = hand_epoch(cp, spec, 2, "run-win", {P0: [("k", P0, 2)]}, carry=m1)
+    b = hand_epoch(cp, spec, 2, "run-lose", {P0: [("k", P0, 3)]}, carry=m1, commit=False)
+    cp.commit(a)  # idempotent for the winner
+    with pytest.raises(CommitConflict, match="run-win"):
+        cp.commit(b)
+    assert cp.marker(2).run_id == "run-win"
+    assert cp.abort("run-win") == 0  # a committed run's staging is never collected
+    assert cp.abort("run-lose") > 0
+    assert "run-lose" not in staging_runs(store, spec)
+    assert cp.verify(cp.load(2)) == []
+    assert tumble_rows(store, spec) == [("k", P0, 2)]
+
+
+def test_altered_manifest_is_refused(store: ObjectStore, spec) -> None:
+    """The marker carries the manifest's sha256: a manifest changed after the commit is corrupt, not trusted."""
+    cp = Checkpoints(store, spec.name)
+    m = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
+    key = cp.manifest_key(1, "run-a")
+    body = json.loads(store.get(key))
+    body["watermark"] += 1
+    store.put(key, json.dumps(body).encode())
+    with pytest.raises(CorruptManifest, match="checksum"):
+        cp.latest()
+    store.put(key, m.to_bytes())
+    assert cp.latest() == m
+    store.delete(key)
+    with pytest.raises(ObjectNotFound):
+        cp.load(1)
+
+
+def test_publish_follows_the_latest_manifest_only(store: ObjectStore, spec) -> None:
+    """Publishing an epoch that is no longer the latest does nothing; publishing the latest
+    rewrites what differs and removes a partition it no longer names."""
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 1)]})
+    assert sorted(cp.publish(m1)) == sorted([cp.published_key("tumble", P0), cp.published_key("tumble", P1)])
+    m2 = hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)]})  # P1 is not carried: it went away
+    assert cp.publish(m1) == []
+    assert sorted(cp.publish(m2)) == sorted([cp.published_key("tumble", P0), cp.published_key("tumble", P1)])
+    got = {i.key: sha256(store.get(i.key)) for i in store.list(cp.root + "output/")}
+    assert got == {cp.published_key("tumble", P0): m2.outputs["tumble"][str(P0)].sha256}
+    assert cp.publish(m2) == []  # nothing differs any more
+
+
+def test_gc_keeps_last_k_and_every_file_they_name(store: ObjectStore, spec) -> None:
+    """Six epochs, each adding a partition and carrying the older ones (so epoch 6 still names
+    epoch 1's file); a loser's manifest in epoch 3; an orphan run that never committed; an
+    attempt at epoch 7 still preparing. gc(keep=2, grace 0):
+
+        epochs   1 2 3 4 | 5 6 | 7(preparing)
+                 deleted | kept| kept
+        staging  files named by 5 or 6 kept; other files of committed runs and the orphan deleted
+    """
+    cp = Checkpoints(store, spec.name)
+    m = None
+    for n in range(1, 7):
+        if n == 3:
+            hand_epoch(cp, spec, 3, "run-3-loser", {P0: [("z", P0, 1)]}, carry=m, commit=False)
+        m = hand_epoch(cp, spec, n, f"run-{n}", {T0 + n * 10_000: [("k", T0 + n * 10_000, n)]}, carry=m)
+    hand_epoch(cp, spec, 99, "run-orphan", {P0: [("z", P0, 1)]}, commit=False)
+    store.delete(cp.manifest_key(99, "run-orphan"))  # only its staging is left
+    preparing = hand_epoch(cp, spec, 7, "run-7", {P2: [("k", P2, 7)]}, carry=m, commit=False)
+    kept_before = [cp.load(5), cp.load(6)]
+    named = {f.key for k in kept_before for f in k.files()}
+    assert any(f.epoch == 1 for f in kept_before[1].files())  # a file written by epoch 1 is still named
+
+    # young uncommitted staging survives a gc with the default grace
+    res = cp.gc(keep=2)
+    assert {"run-orphan", "run-3-loser", "run-7"} <= staging_runs(store, spec)
+    assert res["epochs"] == 4 and cp.committed() == [5, 6]
+
+    time.sleep(0.01)
+    res = cp.gc(keep=2, grace_s=0, current_run="run-7")  # run-7 is the caller's own attempt in progress
+    assert cp.committed() == [5, 6]
+    assert set(cp.epochs()) == {5, 6, 7}  # 7: an attempt above the latest is never collected
+    for k in (cp.load(5), cp.load(6)):
+        assert cp.verify(k) == []
+    left = {i.key for i in store.list(cp.root + "staging/")}
+    assert named <= left
+    assert staging_runs(store, spec) == {f.key.split("/")[3] for f in (cp.load(5).files() + cp.load(6).files())} | {"run-7"}
+    assert "run-orphan" not in staging_runs(store, spec) and "run-3-loser" not in staging_runs(store, spec)
+    # the preparing attempt can still commit, and readers then follow it
+    cp.commit(preparing)
+    assert cp.verify(cp.latest()) == []
+    rows = tumble_rows(store, spec)
+    assert ("k", P2, 7) in rows and ("k", P2, 2) not in rows  # epoch 7 replaced partition P2 (epoch 2's)
+    assert len(rows) == 6
+
+
+def test_gc_killed_half_way_leaves_no_marker_without_its_manifest(store: ObjectStore, cli_env, tmp_path) -> None:
+    """`wire gc` killed between deleting an old epoch's two objects (WIRE_FAULT=during-gc:2):
+    every remaining marker still names a loadable manifest (the marker goes first), readers
+    are unaffected, and the next gc finishes the job."""
+    from commit_scenario import assert_committed_sound, wire, write_pipeline
+
+    spec, yml = write_pipeline(tmp_path, "cp")
+    cp = Checkpoints(store, spec.name)
+    m = None
+    for n in range(1, 4):
+        m = hand_epoch(cp, spec, n, f"run-{n}", {T0 + n * 10_000: [("k", T0 + n * 10_000, n)]}, carry=m)
+    seen = tumble_rows(store, spec)
+    wire(["gc", "--pipeline", yml, "--keep", "1"], dict(cli_env, WIRE_FAULT="during-gc:2"), expect_rc=86)
+    assert cp.committed() == [2, 3] and cp.epochs() == [1, 2, 3]  # epoch 1: marker deleted, manifest not yet
+    assert_committed_sound(store, spec)
+    assert tumble_rows(store, spec) == seen
+    wire(["gc", "--pipeline", yml, "--keep", "1"], cli_env)
+    assert cp.committed() == [3] and cp.epochs() == [3]
+    assert_committed_sound(store, spec)
+    assert tumble_rows(store, spec) == seen

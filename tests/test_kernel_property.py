@@ -1,0 +1,300 @@
+"""Property tests of the Spark window kernel.
+
+1. Against the plain-Python reference (tests/reference.py), epoch by epoch: random
+   events (few keys, times in a small range around 0, a numeric field that is
+   sometimes null, a string field, a per-event session gap, ids with repeats),
+   random epoch splits and random monotone watermarks that sometimes jump past
+   the allowed lateness. Every epoch's emitted rows, dead letters, counts, window
+   state and id memory must match, and so must the reader's final view.
+2. Against DuckDB (a second, independent engine): for a closed stream read in one
+   epoch (W: -inf -> +inf, nothing late) the results equal a plain batch GROUP BY —
+   tumbling/sliding by arithmetic over unnested window starts, sessions by a
+   gaps-and-islands query in which touching one-event windows merge.
+
+WIRE_SEEDS sets the number of random scenarios per property (default 3; `make test-long` uses more).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import Counter
+
+import duckdb
+import reference
+from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import strategies as st
+from kernel_harness import (
+    KernelRun,
+    check_balance,
+    dead_letter_keys,
+    diff_rows,
+    diff_views,
+    event,
+    events_table,
+)
+
+from wire_dagster.spec import pipeline_from_dict
+from wire_dagster.timeutil import INF, NEG_INF
+
+SEEDS = int(os.environ.get("WIRE_SEEDS", "3"))
+
+WINDOWS = [
+    # tumbling with an offset; every aggregate
+    {"name": "tum", "type": "tumbling", "size": 10, "offset": 3,
+     "aggregates": {"n": "count", "total": "sum(v)", "lo": "min(v)", "hi": "max(v)", "mean": "avg(v)", "users": "count_distinct(u)"}},
+    # sliding with an offset (3 windows per event)
+    {"name": "sl", "type": "sliding", "size": 12, "slide": 4, "offset": 1,
+     "aggregates": {"n": "count", "mean": "avg(v)", "vals": "count_distinct(v)", "hi": "max(v)"}},
+    # session with a fixed gap
+    {"name": "se", "type": "session", "gap": 5,
+     "aggregates": {"n": "count", "total": "sum(v)", "hi": "max(v)", "users": "count_distinct(u)"}},
+    # session with a per-event gap field
+    {"name": "sg", "type": "session", "gap": 4, "gap_field": "g",
+     "aggregates": {"n": "count", "lo": "min(v)", "mean": "avg(v)"}},
+]
+
+
+def pipeline(lateness: int, with_id: bool = True):
+    event_cfg = {"key": "k", "time": "t", **({"id": "id"} if with_id else {})}
+    return pipeline_from_dict(
+        {"name": "prop", "event": event_cfg, "lateness": {"allowed": lateness}, "partition": 20,
+         "start": "1970-01-01T00:00:00Z", "windows": WINDOWS}
+    )
+
+
+def random_events(rnd: random.Random, spec, n: int, lo: int = -20, hi: int = 70, keys: str = "abc") -> list[dict]:
+    """Events (arrival order = list order) without source positions yet."""
+    out = []
+    for _ in range(n):
+        r = rnd.random()
+        if r < 0.2:
+            v = None
+        elif r < 0.8:
+            v = rnd.randint(-40, 40) / 4
+        else:
+            v = round(rnd.uniform(-1e6, 1e6), 3) + 0.0  # + 0.0: no -0.0
+        out.append(
+            event(
+                spec,
+                rnd.randint(lo, hi),
+                rnd.choice(keys),
+                f"e{rnd.randint(0, n + n // 4)}" if spec.id_field else None,
+                v=v,
+                u=rnd.choice([None, "x", "y", "z"]),
+                g=rnd.choice([None, None, 1, 3, 9, 20]),
+            )
+        )
+    return out
+
+
+def draw_scenario(rnd: random.Random):
+    """(spec, [(events, w_new)]): events arrive up to 40 ms after their time, split into 2-4
+    epochs (chunk i of one or two segments), under monotone watermarks that mostly trail
+    the newest event, sometimes jump far past every window, and sometimes end at +inf."""
+    spec = pipeline(rnd.choice([0, 10, 25, 25]))
+    evs = random_events(rnd, spec, rnd.randint(6, 30), lo=-10, hi=40, keys="ab")
+    evs.sort(key=lambda e: e["_t"] + rnd.uniform(0, 40))
+    k = rnd.randint(2, 4)
+    cuts = sorted(rnd.randint(0, len(evs)) for _ in range(k - 1))
+    groups = [evs[a:b] for a, b in zip([0] + cuts, cuts + [len(evs)])]
+    epochs, w, hi = [], NEG_INF, -20
+    for i, g in enumerate(groups):
+        rows: Counter = Counter()
+        for e in g:
+            e["_seg"], e["_seq"] = rnd.choice("01"), i
+            e["_row"] = rows[e["_seg"]]
+            rows[e["_seg"]] += 1
+        hi = max([hi] + [e["_t"] for e in g])
+        move = rnd.random()
+        if i == len(groups) - 1 and move < 0.3:
+            w = INF
+        elif move < 0.1:
+            pass  # W does not move
+        elif move < 0.75:
+            w = max(w, hi - rnd.randint(0, 12))
+        elif move < 0.9:
+            w = max(w, rnd.randint(-25, 60))
+        else:
+            w = max(w, hi + 40)  # far past every window and its lateness
+        epochs.append((g, w))
+    return spec, epochs
+
+
+FEATURES = ("late firing", "retraction", "late dead letter", "duplicate", "purge")
+
+
+def features(spec, epochs) -> set[str]:
+    """What a scenario exercises, found by running the (cheap) reference on it."""
+    ref, seen = reference.RefState(), set()
+    for events, w in epochs:
+        w_prev, before = ref.watermark, {n: len(s) for n, s in ref.windows.items()}
+        out = reference.run_epoch(spec, ref, events, w)
+        for name, rows in out.items():
+            seen |= {"retraction" if r["retract"] else "late firing" for r in rows if r["retract"] or r["window_end"] <= w_prev}
+            if before.get(name, 0) and len(ref.windows[name]) < before[name]:
+                seen.add("purge")
+    seen |= {"late dead letter" for d in ref.dead if d[0] == "late"} | {"duplicate" for d in ref.dead if d[0] == "duplicate"}
+    return seen
+
+
+def scenario(seed: int, tries: int = 40):
+    """A random scenario that exercises as many FEATURES as one of `tries` draws can:
+    Spark epochs are expensive, so each example should be a rich one."""
+    rnd = random.Random(seed)
+    best, best_n = None, -1
+    for _ in range(tries):
+        spec, epochs = draw_scenario(rnd)
+        n = len(features(spec, [(list(map(dict, g)), w) for g, w in epochs]))
+        if n > best_n:
+            best, best_n = (spec, epochs), n
+        if n == len(FEATURES):
+            break
+    return best
+
+
+def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
+    """Open windows and their partials: counts exact, sums/extremes close, distinct sets by size."""
+    out = []
+    for w in spec.windows:
+        got = {(r["key"], r["start"], r["end"]): r for r in kernel_state[w.name].to_pylist()}
+        want = ref_state.get(w.name, {})
+        if set(got) != set(want):
+            out.append(f"{w.name} state: kernel-only {sorted(set(got) - set(want))}, reference-only {sorted(set(want) - set(got))}")
+            continue
+        for k, p in want.items():
+            for c, v in p.items():
+                g = got[k][c]
+                if c.endswith("_set"):
+                    ok = len(g) == len(v)
+                elif c.endswith("_s"):  # the kernel's sum of no values is null, the reference's 0
+                    ok = math.isclose(float(g if g is not None else 0), float(v), rel_tol=1e-12, abs_tol=1e-9)
+                else:
+                    ok = g == v
+                if not ok:
+                    out.append(f"{w.name} state {k} {c}: kernel {g!r}, reference {v!r}")
+    return out
+
+
+@settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1))
+def test_kernel_equals_reference(spark, seed):
+    spec, epochs = scenario(seed)
+    note(f"lateness={spec.allowed_lateness} epochs={[(len(g), w) for g, w in epochs]} features={sorted(features(spec, epochs))}")
+    run, ref = KernelRun(spec), reference.RefState()
+    for i, (events, w_new) in enumerate(epochs, start=1):
+        note(f"epoch {i}: W {run.watermark} -> {w_new}; events {[(e['_t'], e['_key'], e['_id'], e['_seg'], e['_seq'], e['_row']) for e in events]}")
+        n_dead, before = len(ref.dead), {w: dict(c) for w, c in ref.window_counts.items()}
+        dup_before = ref.counts["duplicate"]
+        res = run.epoch(spark, events, w_new)
+        want = reference.run_epoch(spec, ref, events, w_new)
+        problems = check_balance(spec, res)
+        for w in spec.windows:
+            problems += diff_rows(res.windows[w.name].outputs.to_pylist(), want[w.name], f"epoch {i} {w.name} emitted")
+            wc, b = ref.window_counts[w.name], before.get(w.name, {"counted": 0, "late": 0})
+            r = res.windows[w.name]
+            if (r.counted, r.late) != (wc["counted"] - b["counted"], wc["late"] - b["late"]):
+                problems.append(f"epoch {i} {w.name}: kernel counted/late {(r.counted, r.late)}, reference {(wc['counted'] - b['counted'], wc['late'] - b['late'])}")
+        if res.duplicate != ref.counts["duplicate"] - dup_before:
+            problems.append(f"epoch {i}: kernel duplicates {res.duplicate}, reference {ref.counts['duplicate'] - dup_before}")
+        want_dead = Counter((reason, w, e["_seg"], e["_seq"], e["_row"]) for reason, w, e in ref.dead[n_dead:])
+        if dead_letter_keys(res) != want_dead:
+            problems.append(f"epoch {i} dead letters: kernel-only {dead_letter_keys(res) - want_dead}, reference-only {want_dead - dead_letter_keys(res)}")
+        problems += [f"epoch {i} {p}" for p in compare_state(spec, run.state, ref.windows)]
+        got_ids = {r["id"]: (r["expires"], r["key"], r["t"]) for r in run.ids.to_pylist()}
+        if got_ids != ref.ids:
+            problems.append(f"epoch {i} id memory: kernel {sorted(got_ids.items())} reference {sorted(ref.ids.items())}")
+        assert not problems, "\n".join(problems)
+    for w in spec.windows:
+        assert not diff_views(run.view.get(w.name, {}), ref.view.get(w.name, {}), f"final view {w.name}")
+    if run.watermark == INF:
+        assert all(run.state[w.name].num_rows == 0 for w in spec.windows)
+
+
+# ---------------------------------------------------------------------------
+# Closed stream = batch, checked by DuckDB
+
+
+def duckdb_batch(spec, events: list[dict]) -> dict[str, list[dict]]:
+    """Batch results per window, by SQL over the deduplicated events."""
+    con = duckdb.connect()
+    con.register("raw", events_table(spec, events))
+    # the first copy of an id in read order (segment, chunk, row) counts
+    dedup = "QUALIFY row_number() OVER (PARTITION BY _id ORDER BY _seg, _seq, _row) = 1" if spec.id_field else ""
+    con.execute(f"CREATE TEMP TABLE ev AS SELECT _t AS t, _key AS k, f_v AS v, f_u AS u, f_g AS g FROM raw {dedup}")
+    sql_agg = {
+        "count": lambda f: "count(*)",
+        "sum": lambda f: f"sum({f})",
+        "min": lambda f: f"min({f})",
+        "max": lambda f: f"max({f})",
+        "avg": lambda f: f"avg({f})",
+        "count_distinct": lambda f: f"count(DISTINCT {f})",
+    }
+    out = {}
+    for w in spec.windows:
+        aggs = ", ".join(f"{sql_agg[a.func](a.field)} AS {a.name}" for a in w.aggregates)
+        if w.type != "session":
+            # the newest window holding t starts at t - ((t - offset) mod slide); the others slide back
+            sql = f"""
+                SELECT k AS key, s AS window_start, s + {w.size} AS window_end, {aggs}
+                FROM (SELECT *, t - (((t - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} - i * {w.slide} AS s
+                      FROM ev CROSS JOIN range(0, {w.size // w.slide}) AS r(i))
+                GROUP BY k, s"""
+        else:
+            gap = f"CASE WHEN g > 0 THEN g ELSE {w.gap} END" if w.gap_field else str(w.gap)
+            sql = f"""
+                WITH p AS (SELECT *, t AS s, t + {gap} AS e FROM ev),
+                q AS (SELECT *, max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM p),
+                r AS (SELECT *, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
+                                OVER (PARTITION BY k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM q)
+                SELECT k AS key, min(s) AS window_start, max(e) AS window_end, {aggs}
+                FROM r GROUP BY k, island"""
+        out[w.name] = con.sql(sql).to_arrow_table().to_pylist()
+    con.close()
+    return out
+
+
+@settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
+          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1), with_id=st.booleans())
+def test_closed_stream_equals_duckdb_batch(spark, seed, with_id):
+    rnd = random.Random(seed)
+    spec = pipeline(rnd.choice([0, 6]), with_id=with_id)
+    events = random_events(rnd, spec, rnd.randint(1, 40), keys=rnd.choice(["a", "ab", "abc"]))
+    for i, e in enumerate(events):
+        e["_seg"], e["_seq"], e["_row"] = str(i % 2), 0, i // 2
+    run = KernelRun(spec)
+    res = run.epoch(spark, events, INF)
+    assert not check_balance(spec, res)
+    assert all(r.late == 0 for r in res.windows.values())
+    want = duckdb_batch(spec, events)
+    for w in spec.windows:
+        got = res.windows[w.name].outputs.to_pylist()
+        assert not any(r["retract"] for r in got)
+        problems = diff_rows(got, want[w.name], f"{w.name} vs duckdb")
+        assert not problems, "\n".join(problems)
+        assert run.state[w.name].num_rows == 0  # W = +inf purges everything
+
+
+def test_duckdb_batch_is_not_vacuous():
+    """The batch reference itself, on a hand-checked example (sessions touch at exactly `gap`)."""
+    spec = pipeline(0)
+    evs = [
+        event(spec, 0, "a", "1", v=1.0, u="x", row=0),
+        event(spec, 5, "a", "2", v=3.0, u="x", row=1),  # exactly gap 5 after: one `se` session [0, 10)
+        event(spec, 11, "a", "3", v=None, u="y", row=2),  # 1 ms past the end: a new session
+        event(spec, 11, "a", "3", v=9.0, u="z", row=3),  # repeated id: not counted
+        event(spec, -1, "b", "4", v=2.0, g=20, row=4),
+    ]
+    got = duckdb_batch(spec, evs)
+    se = {(r["key"], r["window_start"], r["window_end"]): (r["n"], r["total"], r["users"]) for r in got["se"]}
+    assert se == {("a", 0, 10): (2, 4.0, 1), ("a", 11, 16): (1, None, 1), ("b", -1, 4): (1, 2.0, 0)}
+    sg = {(r["key"], r["window_start"], r["window_end"]) for r in got["sg"]}
+    assert sg == {("a", 0, 4), ("a", 5, 9), ("a", 11, 15), ("b", -1, 19)}  # default gap 4: 0 and 5 are apart
+    # tumbling size 10 offset 3: -1 in [-7, 3); 0 in [-7, 3); 5 in [3, 13); 11 in [3, 13)
+    tum = {(r["key"], r["window_start"]): r["n"] for r in got["tum"]}
+    assert tum == {("a", -7): 1, ("a", 3): 2, ("b", -7): 1}
+    # sliding 12/4 offset 1: t=-1 is in [-11, 1), [-7, 5), [-3, 9)
+    assert {r["window_start"] for r in got["sl"] if r["key"] == "b"} == {-11, -7, -3}

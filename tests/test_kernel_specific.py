@@ -1,0 +1,208 @@
+"""Specific kernel behaviours, and one run through the real path (S3 chunks → engine.process).
+
+Each test states the expectation it checks independently: hand-computed values,
+the plain-Python reference, or invariants (determinism, conservation).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import reference
+from kernel_harness import (
+    KernelRun,
+    check_balance,
+    diff_rows,
+    diff_views,
+    event,
+    events_df,
+)
+
+from wire_dagster import engine, kernel, streams
+from wire_dagster.spec import pipeline_from_dict
+from wire_dagster.timeutil import INF, NEG_INF
+
+
+def spec_of(windows, lateness=0, key="k", id="id", **extra):
+    ev = {"time": "t", **({"key": key} if key else {}), **({"id": id} if id else {})}
+    return pipeline_from_dict(
+        {"name": "sp", "event": ev, "lateness": {"allowed": lateness}, "partition": 60,
+         "start": "1970-01-01T00:00:00Z", "windows": windows, **extra}
+    )
+
+
+def outputs(res, name):
+    return res.windows[name].outputs.to_pylist()
+
+
+def test_decimal_sums_are_exact_and_runs_are_byte_identical(spark):
+    """Sums are exact decimals (0.1 + 0.2 == 0.3), and the same epoch twice gives the same bytes."""
+    spec = spec_of(
+        [
+            {"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count", "total": "sum(v)", "mean": "avg(v)", "d": "count_distinct(v)"}},
+            {"name": "se", "type": "session", "gap": 3, "aggregates": {"n": "count", "total": "sum(v)"}},
+        ],
+        lateness=5,
+    )
+    evs = [event(spec, t, "a", f"i{t}", row=t, v=v) for t, v in [(1, 0.1), (2, 0.2), (3, 0.1), (12, 1e-9), (13, 3e-9)]]
+    evs.append(event(spec, 4, "a", "i1", row=99, v=100.0))  # a repeated id: a duplicate, not counted
+    runs = [KernelRun(spec), KernelRun(spec)]
+    results = [r.epoch(spark, evs, 20) for r in runs]
+    rows = {(r["window_start"], r["window_end"]): r for r in outputs(results[0], "tum")}
+    assert rows[(0, 10)]["total"] == 0.4 and rows[(0, 10)]["n"] == 3  # not 0.30000000000000004 + 0.1
+    assert rows[(0, 10)]["d"] == 2  # 0.1 twice, 0.2
+    assert rows[(10, 20)]["total"] == 4e-9  # nine decimals are kept exactly
+    se = {(r["window_start"], r["window_end"]): r["total"] for r in outputs(results[0], "se")}
+    assert se == {(1, 6): 0.4, (12, 16): 4e-9}
+    assert results[0].duplicate == 1
+    for name in ("tum", "se"):
+        assert kernel.table_bytes(results[0].windows[name].outputs) == kernel.table_bytes(results[1].windows[name].outputs)
+        assert kernel.table_bytes(results[0].windows[name].state) == kernel.table_bytes(results[1].windows[name].state)
+    assert kernel.table_bytes(results[0].dead_letters) == kernel.table_bytes(results[1].dead_letters)
+    assert kernel.table_bytes(results[0].ids) == kernel.table_bytes(results[1].ids)
+    assert not check_balance(spec, results[0])
+
+
+def test_pipeline_without_key_or_id(spark):
+    """No key field: every event has the null key, and null keys still merge sessions."""
+    spec = spec_of(
+        [
+            {"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count"}},
+            {"name": "se", "type": "session", "gap": 10, "aggregates": {"n": "count", "hi": "max(v)"}},
+        ],
+        lateness=100,
+        key=None,
+        id=None,
+    )
+    run, ref = KernelRun(spec), reference.RefState()
+    e1 = [event(spec, 0, row=0, v=1.0), event(spec, 20, row=1, v=2.0)]
+    e2 = [event(spec, 10, seq=1, row=0, v=5.0)]  # bridges [0, 10) and [20, 30)
+    for evs, w in [(e1, 40), (e2, 41)]:
+        res = run.epoch(spark, evs, w)
+        want = reference.run_epoch(spec, ref, evs, w)
+        assert res.ids is None and res.duplicate == 0
+        assert not check_balance(spec, res)
+        for name in ("tum", "se"):
+            assert not diff_rows(outputs(res, name), want[name], name)
+    #  0         10        20        30
+    #  [---------)         [---------)   fired at W = 40
+    #            [---------)             t = 10 (null key, like the others)
+    #  [-----------------------------)   merged; both old sessions retracted
+    got = {(r["key"], r["window_start"], r["window_end"], r["retract"]) for r in outputs(res, "se")}
+    assert got == {(None, 0, 30, False), (None, 0, 10, True), (None, 20, 30, True)}
+    assert run.view["se"] == {(None, 0, 30): {"key": None, "window_start": 0, "window_end": 30, "n": 3, "hi": 5.0}}
+
+
+def test_retry_into_a_long_open_session_is_a_duplicate(spark):
+    """An id stays remembered while the session that counted it is open, even past t + gap + lateness.
+
+    gap 10, lateness 0: events every 5 ms keep one session [0, 30) open; at W = 15 the
+    first event's own extent (0 + 10 + 0) has passed, but a retry of it touches the
+    open session — without the memory it would be rescued and counted twice."""
+    spec = spec_of([{"name": "se", "type": "session", "gap": 10, "aggregates": {"n": "count"}}])
+    run, ref = KernelRun(spec), reference.RefState()
+    e1 = [event(spec, t, "a", f"e{i}", row=i) for i, t in enumerate([0, 5, 10, 15, 20])]
+    e2 = [event(spec, 0, "a", "e0", seq=1)]
+    run.epoch(spark, e1, 15)
+    reference.run_epoch(spec, ref, e1, 15)
+    res = run.epoch(spark, e2, 16)
+    reference.run_epoch(spec, ref, e2, 16)
+    assert res.duplicate == 1 and res.windows["se"].counted == 0
+    assert [(r["key"], r["start"], r["end"], r["p_n_n"]) for r in run.state["se"].to_pylist()] == [("a", 0, 30, 5)]
+    assert ref.counts["duplicate"] == 1 and ref.windows["se"][("a", 0, 30)]["p_n_n"] == 5
+    # once the session is purged (W >= 30 + 0), the ids are forgotten
+    res = run.epoch(spark, [], 30)
+    assert res.ids.num_rows == 0
+
+
+# ---------------------------------------------------------------------------
+# The real path: chunks in the object store, engine.process epochs, committed results.
+
+
+PIPE = {
+    "name": "realpath",
+    "stream": "realpath",
+    "event": {"key": "user", "time": "ts", "id": "event_id"},
+    "watermark": {"max_out_of_orderness": 5, "idle_timeout": "1h"},
+    "lateness": {"allowed": 10},
+    "partition": 20,
+    "start": "1970-01-01T00:00:00Z",
+    "windows": [
+        {"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count", "total": "sum(amount)", "hi": "max(amount)"}},
+        {"name": "sl", "type": "sliding", "size": 10, "slide": 5, "aggregates": {"n": "count", "mean": "avg(amount)"}},
+        {"name": "se", "type": "session", "gap": 4, "aggregates": {"n": "count", "users": "count_distinct(user)"}},
+    ],
+}
+
+
+def _produce(store, spec, tmp_path, segment: str, records: list, name: str):
+    """Append JSON lines as one chunk; returns the reference events (with source positions)."""
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
+    rep = streams.produce(store, spec, path, segment=segment)
+    assert len(rep.chunks) == 1
+    out = []
+    for row, r in enumerate(records):
+        if isinstance(r, dict):
+            out.append(event(spec, r["ts"], r["user"], r["event_id"], seg=segment, seq=rep.chunks[0], row=row, amount=r.get("amount"), user=r["user"]))
+    return out
+
+
+def test_real_path_s3_engine_matches_reference(store, spark, tmp_path):
+    spec = pipeline_from_dict(PIPE)
+    assert "f_user" in streams.chunk_schema(spec).names  # count_distinct(user) stores the field
+    ref = reference.RefState()
+
+    def rec(ts, user, i, amount=None):
+        return {"ts": ts, "user": user, "event_id": f"x{i}", **({"amount": amount} if amount is not None else {})}
+
+    # epoch 1: two segments; W = min(50 - 5, 30 - 5) = 25
+    first = [rec(1, "a", 1, 1.5), rec(3, "a", 2, 2.0), rec(12, "b", 3, 4.0), rec(50, "a", 4, 1.0)]
+    ev1 = _produce(store, spec, tmp_path, "s0", first, "a")
+    ev1 += _produce(store, spec, tmp_path, "s1", [rec(8, "b", 5, 3.0), "not json", rec(30, "b", 6)], "b")
+    out = engine.process(store, spec, spark)
+    m1 = out.manifest
+    assert out.committed == [1] and m1.watermark == 25
+    reference.run_epoch(spec, ref, ev1, m1.watermark)
+
+    # epoch 2: the first chunk retried (duplicates), late events within and past lateness; W = min(45, 55) = 45
+    ev2 = _produce(store, spec, tmp_path, "s0", first, "c")
+    ev2 += _produce(store, spec, tmp_path, "s1", [rec(24, "a", 7, 5.0), rec(2, "b", 8, 1.0), rec(60, "b", 9, 2.0), rec(46, "a", 10, 7.0)], "d")
+    m2 = engine.process(store, spec, spark).manifest
+    assert m2.epoch == 2 and m2.watermark == 45
+    reference.run_epoch(spec, ref, ev2, m2.watermark)
+
+    # epoch 3: the stream closes: W = +inf and every open window fires
+    streams.close_stream(store, spec)
+    m3 = engine.process(store, spec, spark).manifest
+    assert m3.epoch == 3 and m3.watermark == INF
+    reference.run_epoch(spec, ref, [], INF)
+
+    for w in spec.windows:
+        got = engine.read_results(store, spec, w.name).to_pylist()
+        assert len(got) == len({(r["key"], r["window_start"], r["window_end"]) for r in got})
+        problems = diff_views({(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name)
+        assert not problems, "\n".join(problems)
+        assert m3.totals.counted[w.name] == ref.window_counts[w.name]["counted"]
+        assert m3.totals.late[w.name] == ref.window_counts[w.name]["late"]
+    # The retry of the first chunk: ids are kept until t + extent 10 + lateness 10 > W, so at
+    # W = 25 x1 (t=1) and x2 (t=3) are forgotten — and late anyway — while x3, x4 are duplicates.
+    assert m3.totals.duplicate == ref.counts["duplicate"] == 2
+    assert m3.totals.malformed == 1 and m3.totals.events_in == ref.counts["in"] + 1
+    assert m3.totals.balanced()
+    dls = engine.read_dead_letters(store, spec)
+    got_dead = sorted((d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in dls)
+    want_dead = sorted([(r, w or "", e["_seg"], e["_seq"], e["_row"]) for r, w, e in ref.dead] + [("malformed: unparsable JSON", "", "s1", 0, 1)])
+    assert got_dead == want_dead
+    late_rows = {(seg, chunk, row) for r, w, seg, chunk, row in got_dead if r == "late"}
+    assert {("s0", 1, 0), ("s0", 1, 1), ("s1", 1, 1)} <= late_rows  # retried x1, x2 and t=2: late
+
+
+@pytest.mark.parametrize("w_prev,w_new", [(NEG_INF, NEG_INF), (NEG_INF, INF)], ids=["W-stays", "W-to-inf"])
+def test_empty_epoch(spark, w_prev, w_new):
+    """No events: nothing counted, nothing late; with W = +inf nothing to fire either."""
+    spec = spec_of([{"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count"}}])
+    res = kernel.run_epoch(spark, spec, events_df(spark, spec, []), {}, None, w_prev, w_new)
+    assert res.events == 0 and res.windows["tum"].outputs.num_rows == 0 and res.dead_letters.num_rows == 0
+    assert not check_balance(spec, res)

@@ -1,0 +1,234 @@
+"""The watermark sensor (sensors/__init__.py over wire_dagster/planner.py), evaluated with
+`dg.build_sensor_context(cursor=..., resources=...)` against the real embedded S3 server.
+
+The pipeline: 1-minute partitions, bounded out-of-orderness B = 5 s, allowed
+lateness L = 30 s, a tumbling 1m, a sliding 2m/1m and a session (gap 10 s) window.
+
+    event time   0:00      1:00      2:00      3:00      4:00      5:00
+    partitions   |---p0----|---p1----|---p2----|---p3----|---p4----|
+    batch 1      a b a b a b a b a b a b a b a b a b a b a b a b a b a|     max_t = 4:30
+    W_1 = 4:30 - B = 4:25: ready p0..p3 (end <= W), final p0..p2 (end + L <= W)
+    late A (3:20)                               x                          p3: ready, not final
+    late B (1:20)                 x                                        p1, p2: final
+
+Expectations are computed here from the event times and the rules (W = max_t − B,
+ready: W >= p_end, final: W >= p_end + L), not by the planner.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from resources import ObjectStoreResource
+from wire_dagster.spec import load_pipeline
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+S, M = 1000, 60_000
+B, L, P = 5 * S, 30 * S, M
+
+PIPELINE = {
+    "name": "sens",
+    "stream": "sens",
+    "event": {"key": "user", "time": "ts", "id": "eid"},
+    "watermark": {"max_out_of_orderness": "5s", "idle_timeout": "1h"},  # never idle during a test
+    "lateness": {"allowed": "30s"},
+    "partition": "1m",
+    "start": "2026-01-01T00:00:00Z",
+    "windows": [
+        {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)"}},
+        {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count"}},
+        {"name": "sessions", "type": "session", "gap": "10s", "aggregates": {"n": "count"}},
+    ],
+    "dagster": {"sensor_interval": "2s"},
+}
+
+
+def key_of(p: int) -> str:
+    """Run key `<pipeline>:e<epoch>:<partition start ISO>` without the project's formatter."""
+    return f"2026-01-01T00:{(p - T0) // M:02d}:00.000Z"
+
+
+def run_key(epoch: int, p: int) -> str:
+    return f"sens:e{epoch}:{key_of(p)}"
+
+
+def dagster_partition(p: int) -> str:
+    return f"2026-01-01-00:{(p - T0) // M:02d}"
+
+
+def ready(w: int, p: int) -> bool:
+    return w >= p + P
+
+
+def final(w: int, p: int) -> bool:
+    return w >= p + P + L
+
+
+def windows_of(t: int) -> list[tuple[int, int]]:
+    """Every window of an event at t: tumbling 1m, sliding 2m every 1m, its one-event session."""
+    tumbling = [(t - t % M, t - t % M + M)]
+    sliding = [(s, s + 2 * M) for s in range(t - t % M - M, t + 1, M) if s <= t < s + 2 * M]
+    session = [(t, t + 10 * S)]
+    return tumbling + sliding + session
+
+
+def partition_of(end: int) -> int:
+    return T0 + (end - 1 - T0) // P * P
+
+
+@pytest.fixture
+def spec(tmp_path: Path):
+    path = tmp_path / "pipelines" / "sens.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(PIPELINE))
+    return load_pipeline(path)
+
+
+@pytest.fixture
+def sensor(spec):
+    from definitions import build_definitions
+    from sensors import sensor_name
+
+    return build_definitions(pipelines=[spec]).resolve_sensor_def(sensor_name(spec))
+
+
+def store_resource(env: dict[str, str], endpoint: str | None = None) -> ObjectStoreResource:
+    return ObjectStoreResource(
+        endpoint=endpoint or env["WIRE_S3_ENDPOINT"],
+        access_key=env["WIRE_S3_ACCESS_KEY"],
+        secret_key=env["WIRE_S3_SECRET_KEY"],
+        bucket=env["WIRE_S3_BUCKET"],
+    )
+
+
+def evaluate(sensor, env: dict[str, str], cursor: str | None, endpoint: str | None = None) -> dg.SensorResult:
+    with dg.build_sensor_context(cursor=cursor, resources={"wire_store": store_resource(env, endpoint)}) as ctx:
+        result = sensor(ctx)
+    assert isinstance(result, dg.SensorResult), f"the sensor returned {result!r}, not a SensorResult"
+    return result
+
+
+def cursor_epoch(result: dg.SensorResult) -> int:
+    return json.loads(result.cursor)["epoch"]
+
+
+def keys(result: dg.SensorResult) -> list[str]:
+    return [r.run_key for r in result.run_requests or []]
+
+
+def produce_events(store, spec, tmp: Path, name: str, events: list[dict]) -> None:
+    from wire_dagster.streams import produce
+
+    f = tmp / f"{name}.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = produce(store, spec, f, segment="0")
+    assert rep.events == len(events) and rep.malformed == 0
+
+
+def batch1() -> list[dict]:
+    """Two users, one event every 6 s from 0:00 to 4:30, shuffled within 4 s (< B: nothing late)."""
+    rng = random.Random(3)
+    evs = [{"eid": f"b{i}", "user": "ab"[i % 2], "ts": T0 + i * 6 * S, "amount": i % 7} for i in range(46)]
+    assert max(e["ts"] for e in evs) == T0 + 270 * S
+    evs.sort(key=lambda e: e["ts"] + rng.randrange(0, 4 * S))
+    return evs
+
+
+def test_no_data_no_requests(spec, sensor, store, s3_env):
+    first = evaluate(sensor, s3_env, None)
+    assert keys(first) == []
+    assert cursor_epoch(first) == 0
+    again = evaluate(sensor, s3_env, first.cursor)
+    assert keys(again) == [] and again.cursor == first.cursor
+
+
+def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spark, tmp_path):
+    from wire_dagster.checkpoint import Checkpoints
+    from wire_dagster.engine import process
+
+    events = batch1()
+    produce_events(store, spec, tmp_path, "batch1", events)
+
+    # (b) W passes the ends of p0..p3: exactly those are requested, for epoch 1.
+    w1 = max(e["ts"] for e in events) - B
+    expected = [T0 + k * P for k in range(10) if ready(w1, T0 + k * P)]
+    assert expected == [T0 + k * M for k in range(4)]
+    r1 = evaluate(sensor, s3_env, None)
+    assert keys(r1) == [run_key(1, p) for p in expected]
+    assert [r.partition_key for r in r1.run_requests] == [dagster_partition(p) for p in expected]
+    assert {r.tags["wire/epoch"] for r in r1.run_requests} == {"1"}
+    assert {r.tags["wire/pipeline"] for r in r1.run_requests} == {"sens"}
+    # (c) no run has committed: the cursor stays at epoch 0, and a second evaluation asks for the same runs.
+    assert cursor_epoch(r1) == 0
+    r1b = evaluate(sensor, s3_env, r1.cursor)
+    assert keys(r1b) == keys(r1) and r1b.cursor == r1.cursor
+
+    out = process(store, spec, spark, max_epochs=5)
+    assert out.committed == [1], out.committed
+    assert out.manifest.watermark == w1
+    # (c) after the commit: the cursor moves to epoch 1; the committed epoch's ready partitions carry the
+    # planned run keys (Dagster deduplicates them), and nothing else is asked for.
+    r2 = evaluate(sensor, s3_env, r1.cursor)
+    assert cursor_epoch(r2) == 1
+    assert keys(r2) == keys(r1)
+    assert {r.tags["wire/reason"] for r in r2.run_requests} == {"committed"}
+    r3 = evaluate(sensor, s3_env, r2.cursor)
+    assert keys(r3) == [] and r3.cursor == r2.cursor
+
+    # (d) late data. A at 3:20 (its own key: no session merges) counts toward its tumbling and sliding
+    # windows (end + L > W_1) and so changes p3 (ready, not final); its session [3:20, 3:30) is past
+    # its lateness. B at 1:20: every window of it (in p1 and p2, both final) is past its lateness.
+    late_a = {"eid": "la", "user": "late-a", "ts": T0 + 200 * S, "amount": 1}
+    late_b = {"eid": "lb", "user": "late-b", "ts": T0 + 80 * S, "amount": 1}
+    names = ["per_minute", "two_by_one", "two_by_one", "sessions"]  # the order windows_of returns them in
+    changed_by, counted, late = {}, dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    for e in (late_a, late_b):
+        wins = windows_of(e["ts"])
+        counting = [(n, end) for n, (_, end) in zip(names, wins) if end + L > w1]
+        changed_by[e["eid"]] = sorted({partition_of(end) for _, end in counting if ready(w1, partition_of(end))})
+        for n in set(names):
+            counted[n] += any(m == n for m, _ in counting)
+            late[n] += not any(m == n for m, _ in counting)
+    assert changed_by == {"la": [T0 + 3 * M], "lb": []}
+    assert all(final(w1, partition_of(end)) for _, end in windows_of(late_b["ts"]))
+    produce_events(store, spec, tmp_path, "late_a", [late_a])
+    produce_events(store, spec, tmp_path, "late_b", [late_b])
+    r4 = evaluate(sensor, s3_env, r3.cursor)
+    assert keys(r4) == [run_key(2, p) for p in changed_by["la"]]
+    assert {r.tags["wire/reason"] for r in r4.run_requests} == {"late"}
+    assert cursor_epoch(r4) == 1
+    assert not any(dagster_partition(T0 + k * M) in [r.partition_key for r in r4.run_requests] for k in (0, 1, 2))
+
+    out = process(store, spec, spark, max_epochs=5)
+    assert out.committed == [2]
+    m2 = Checkpoints(store, spec.name).load(2)
+    # The engine agrees: what counts and what is late, and only p3 of the ready partitions changed.
+    assert (m2.counts.counted, m2.counts.late) == (counted, late)
+    assert counted == {"per_minute": 1, "two_by_one": 1, "sessions": 0}
+    assert {p for ps in m2.changed.values() for p in ps if ready(m2.watermark, p)} == {T0 + 3 * M}
+    r5 = evaluate(sensor, s3_env, r4.cursor)
+    assert cursor_epoch(r5) == 2
+    assert keys(r5) == keys(r4)
+
+
+def test_unreachable_store_raises(spec, sensor, s3_env):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    from wire_dagster.errors import ObjectStoreError
+
+    with pytest.raises(Exception) as ei:
+        evaluate(sensor, s3_env, None, endpoint=f"http://127.0.0.1:{port}")
+    chain, e = [], ei.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    # (a SkipReason or an empty result would have failed `evaluate`'s SensorResult check instead)
+    assert any(isinstance(x, ObjectStoreError) for x in chain), f"expected an ObjectStoreError, got {chain!r}"

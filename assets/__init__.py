@@ -42,6 +42,11 @@ def partition_cron(spec: Pipeline) -> str:
 
 def partitions_def(spec: Pipeline) -> dg.TimeWindowPartitionsDefinition:
     start = datetime.fromtimestamp(spec.start / 1000, tz=timezone.utc)
+    if spec.end is not None:  # a bounded event-time range: exactly its partitions
+        end = datetime.fromtimestamp(spec.end / 1000, tz=timezone.utc)
+        return dg.TimeWindowPartitionsDefinition(
+            start=start, end=end, fmt=PARTITION_FMT, cron_schedule=partition_cron(spec), timezone="UTC"
+        )
     # Event times may run ahead of the wall clock by up to limits.max_future.
     end_offset = -(-spec.max_future // spec.partition) + 1
     return dg.TimeWindowPartitionsDefinition(

@@ -95,6 +95,7 @@ class Pipeline(BaseModel):
     allowed_lateness: int
     partition: int
     start: int  # first partition's start (epoch ms)
+    end: int | None = None  # end of the last partition (epoch ms); None: open-ended
     max_future: int  # events more than this past ingestion time are malformed (out of range)
     chunk_rows: int
     max_chunks_per_epoch: int
@@ -211,7 +212,7 @@ def _window(raw: object, i: int) -> WindowSpec:
 def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if not isinstance(raw, dict):
         raise WireInputError("pipeline file: expected a YAML mapping with name, stream, event, windows")
-    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "limits", "dagster"}
+    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "end", "limits", "dagster"}
     extra = set(raw) - allowed
     if extra:
         raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -255,6 +256,14 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         raise WireInputError(f"start: bad time {start_raw!r}; use ISO-8601 with a zone, e.g. 2024-01-01T00:00:00Z") from None
     if start % partition:
         raise WireInputError("start: must be aligned to the partition size")
+    end = None
+    if raw.get("end") is not None:
+        try:
+            end = parse_iso(str(raw["end"]))
+        except ValueError:
+            raise WireInputError(f"end: bad time {raw['end']!r}; use ISO-8601 with a zone, e.g. 2024-02-01T00:00:00Z") from None
+        if end <= start or (end - start) % partition:
+            raise WireInputError("end: must be after start and a whole number of partitions after it")
     limits = raw.get("limits") or {}
     if not isinstance(limits, dict):
         raise WireInputError("limits: expected a mapping")
@@ -280,6 +289,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             allowed_lateness=parse_duration(lateness.get("allowed", 0), "lateness.allowed"),
             partition=partition,
             start=start,
+            end=end,
             max_future=parse_duration(limits.get("max_future", "1d"), "limits.max_future"),
             chunk_rows=_posint("chunk_rows", 100_000),
             max_chunks_per_epoch=_posint("max_chunks_per_epoch", 1_000),

@@ -263,7 +263,7 @@ def normalize_lines(spec: Pipeline, lines: pa.LargeBinaryArray, ingest_ms: int) 
     con = _duckdb()
     tbl = pa.table({"line_no": pa.array(np.arange(len(lines), dtype=np.int64)), "raw": lines})
     con.register("lines", tbl)
-    hi = ingest_ms + spec.max_future
+    hi = ingest_ms + spec.max_future if spec.end is None else min(ingest_ms + spec.max_future, spec.end - 1)
     out = con.sql(_normalize_sql(spec, spec.max_record_bytes, spec.start, hi)).to_arrow_table()
     con.close()
     # DuckDB keeps insertion order (preserve_insertion_order, on by default) without the cost of

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -236,8 +237,6 @@ def test_concurrent_runs_and_a_real_zombie(store: ObjectStore, cli_env, spark_re
                 assert_committed_sound(store, spec)
     finally:
         if zombie.poll() is None:
-            import os
-
             os.killpg(zombie.pid, signal.SIGKILL)
             zombie.wait(timeout=30)
     lines = sum(batch_lines(b) for b in batches)

@@ -37,6 +37,7 @@ from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints, sha256
 from wire_dagster.embedded import EmbeddedS3
 from wire_dagster.objectstore import ObjectStore
+from wire_dagster.status import pipeline_status
 from wire_dagster.timeutil import iso
 
 
@@ -131,7 +132,7 @@ def test_rewind_restores_epoch_and_replays_to_the_same_results(store: ObjectStor
     assert [m.chunks for m in ms[1:]] == chunks[1:]
     assert read_all(store, spec) == before
     assert_all(store, spec, exp)
-    st = json.loads(wire(["status", "--pipeline", yml, "--json"], cli_env).stdout)
+    st = pipeline_status(store, spec)
     assert (st["epoch"], st["watermark_ms"]) == (6, w3)
     assert engine.process(store, spec, fast_spark).committed == []  # nothing left to replay or read
 

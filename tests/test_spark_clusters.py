@@ -172,6 +172,8 @@ def base_env(tmp: Path) -> dict[str, str]:
         SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
         SPARK_CONNECT_MODE="0",
         WIRE_SPARK_LOCAL_DIR=str(tmp / "local"),
+        WIRE_SPARK_DRIVER_MEMORY="1g",
+        WIRE_SPARK_EXECUTOR_MEMORY="512m",
     )
     return env
 

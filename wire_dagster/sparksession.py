@@ -15,6 +15,13 @@ A Spark Connect server owns its cluster-side settings (Python executable of
 its workers, memory, cores): start it with `PYSPARK_PYTHON` pointing at an
 interpreter that has this package and pyarrow installed. The client sets only
 session-scoped SQL options.
+
+Other knobs (all optional): WIRE_SPARK_DRIVER_MEMORY (default 2g),
+WIRE_SPARK_EXECUTOR_MEMORY (cluster executors; Spark's default 1g),
+WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
+WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill; default <tmp>/wire-spark),
+WIRE_SPARK_DRIVER_HOST. Any other Spark setting: spark-defaults.conf under
+SPARK_CONF_DIR, as for every Spark application.
 """
 
 from __future__ import annotations

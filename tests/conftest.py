@@ -155,6 +155,8 @@ def spark_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | Non
     env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(tmp / "logs"),
                SPARK_PID_DIR=str(tmp / "pids"), SPARK_CONNECT_MODE="0")
     cmd = [f"{home}/sbin/start-connect-server.sh", "--wait", "--master", "local[2]", "--driver-memory", "1g",
+           # C1 only and the serial GC: a short-lived test server spends far less CPU compiling and collecting.
+           "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
            "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
            # Tiny epochs: without AQE and with one shuffle partition an epoch runs ~28 Spark jobs instead of ~70.

@@ -113,7 +113,8 @@ def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
         dl = read_dead_letters(store, spec)
         tab = Table(title=f"dead letters ({len(dl)})")
         for c in ("reason", "window", "segment", "chunk", "row", "record"):
-            tab.add_column(c, overflow="ellipsis", no_wrap=True, max_width=48 if c == "record" else None)
+            widths = {"reason": 30, "window": 18, "record": 40}
+            tab.add_column(c, overflow="ellipsis", no_wrap=True, max_width=widths.get(c), min_width=3 if c in ("chunk", "row") else None)
         for d in dl[:20]:
             tab.add_row(*[str(d.get(c)) for c in ("reason", "window", "segment", "chunk", "row", "record")])
         console.print(tab)

@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/kernel.py [--sizes 1M[,10M]] [--chunks-per-epoch 5] [--profile] [--no-id]
 
-Events (the clicks pipeline's shape: 10 000 users, ~46 events/s of event time, out of
-order by up to 4 s) are appended with `streams.produce` (100 000-row chunks, two segments)
+Events (the clicks pipeline's shape: 10 000 users (`--users`), ~46 events/s of event
+time, out of order by up to 4 s) are appended with `streams.produce` (100 000-row chunks, two segments)
 to WIRE_S3_ENDPOINT if set, else to an embedded S3 server started in a temporary
 directory. The stream is closed, then each window set (tumbling, sliding, session, and
 all three together) is processed by `engine.process` as a pipeline of its own, in
@@ -73,7 +73,7 @@ def pipeline(name: str, stream: str, kinds: list[str], chunks_per_epoch: int, wi
     )
 
 
-def generate(lo: int, n: int, seed: int):
+def generate(lo: int, n: int, seed: int, users: int = 10_000):
     """Events lo..lo+n-1 of one endless stream: time-ordered with up to ±4 s of disorder."""
     import numpy as np
     import pyarrow as pa
@@ -82,7 +82,7 @@ def generate(lo: int, n: int, seed: int):
     t0 = 1_767_225_600_000 + 3_600_000  # 2026-01-01T01:00Z
     idx = np.arange(lo, lo + n)
     ts = t0 + (idx * RATE_MS).astype(np.int64) + rng.integers(-4_000, 4_000, n)
-    users = rng.integers(0, 10_000, n)
+    users = rng.integers(0, users, n)
     return pa.table(
         {
             "ts": pa.array(ts, pa.int64()),
@@ -93,7 +93,7 @@ def generate(lo: int, n: int, seed: int):
     )
 
 
-def produce_stream(store, stream: str, n: int, seed: int, tmp: Path) -> float:
+def produce_stream(store, stream: str, n: int, seed: int, tmp: Path, users: int = 10_000) -> float:
     """n events into `stream` (two segments, split by time block), closed; returns seconds."""
     import pyarrow.parquet as pq
 
@@ -103,7 +103,7 @@ def produce_stream(store, stream: str, n: int, seed: int, tmp: Path) -> float:
     t0 = time.perf_counter()
     for i, lo in enumerate(range(0, n, BLOCK)):
         path = tmp / f"{stream}-{i}.parquet"
-        pq.write_table(generate(lo, min(BLOCK, n - lo), seed), path)
+        pq.write_table(generate(lo, min(BLOCK, n - lo), seed, users), path)
         # users split between the segments by parity: a key's events stay in one segment, in order
         t = pq.read_table(path)
         import pyarrow.compute as pc
@@ -320,6 +320,7 @@ def main() -> int:
     ap.add_argument("--no-duckdb", action="store_true")
     ap.add_argument("--profile", action="store_true", help="attribute the kernel's time to its Spark actions (all three, first size)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--users", type=int, default=10_000, help="distinct keys (10 000: most 1-minute windows hold one event)")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
@@ -343,7 +344,7 @@ def main() -> int:
         notes.append(f"cold first run (200 k events, all three windows, {cold['epochs']} epochs): kernel {cold['kernel']:.1f} s, process {cold['wall']:.1f} s")
         for n in sizes:
             stream = f"ev{n}"
-            t_prod = produce_stream(store, stream, n, args.seed, tmp)
+            t_prod = produce_stream(store, stream, n, args.seed, tmp, args.users)
             notes.append(f"{n:,} events produced (streams.produce, {math.ceil(n / CHUNK_ROWS)}+ chunks) in {t_prod:.1f} s")
             now = now_ms()
             for s in sets:
@@ -361,9 +362,10 @@ def main() -> int:
                 with ActionProfile(spark) as prof:
                     pr = run_pipeline(store, spark, spec, now)
                 iso = isolated(store, spark, spec, "")
+        spark.stop()  # the JVM and its Python workers exit before the S3 server stops
 
     ident = "with" if with_id else "without"
-    print(f"\n## Kernel throughput — {master}, {cpu_count()} CPUs, pipelines {ident} an id field, "
+    print(f"\n## Kernel throughput — {master}, {cpu_count()} CPUs, {args.users:,} keys, pipelines {ident} an id field, "
           f"{args.chunks_per_epoch} chunks ({args.chunks_per_epoch * CHUNK_ROWS:,} events) per epoch\n")
     rows = []
     for n, s, r in results:

@@ -21,6 +21,7 @@ import io
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .aggregates import SCALE, output_ddl, partial_columns, source_column, state_ddl
 from .spec import Aggregate, Pipeline, WindowSpec, field_column
@@ -48,7 +49,6 @@ def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], s
     from pyspark.sql.pandas.types import from_arrow_schema
 
     out_schema = pa.schema(list(schema) + [pa.field(n, t) for n, t in extra])
-    extra_names = [n for n, _ in extra]
 
     def read(batches):
         fs = _fs(fs_options)
@@ -57,14 +57,12 @@ def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], s
                 t = pq.read_table(f"{bucket}/{row['k']}", filesystem=fs, schema=schema)
                 for n, typ in extra:
                     t = t.append_column(pa.field(n, typ), pa.array([row[n]] * t.num_rows, typ))
-                for rb in t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536):
-                    yield rb
+                yield from t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536)
 
     key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
     kdf = spark.createDataFrame([tuple(k) for k in keys], key_schema) if keys else spark.createDataFrame([], key_schema)
     parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
     spark_schema = from_arrow_schema(out_schema)
-    del extra_names
     return kdf.repartition(parts).mapInArrow(read, spark_schema)
 
 
@@ -134,7 +132,7 @@ def _merge_aggs(F, w: WindowSpec):
     out = []
     for a in w.aggregates:
         for c, _ in partial_columns(a):
-            if c.endswith("_n") or c.endswith("_nn"):
+            if c.endswith(("_n", "_nn")):
                 out.append(F.sum(c).cast("bigint").alias(c))
             elif c.endswith("_s"):
                 out.append(F.sum(c).cast(f"decimal(38,{SCALE})").alias(c))
@@ -189,6 +187,14 @@ def _to_arrow(df, schema: pa.Schema) -> pa.Table:
     return t.select(schema.names).cast(schema) if t.num_rows else schema.empty_table()
 
 
+def _sorted(t: pa.Table, keys: list[str]) -> pa.Table:
+    """Sorted on the driver (the table is collected anyway), ascending with nulls first as
+    Spark's `orderBy` would: a deterministic order, so reruns write identical bytes."""
+    if t.num_rows < 2:
+        return t
+    return t.sort_by([(k, "ascending", "at_start") for k in keys])
+
+
 def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import _parse_datatype_string
@@ -201,6 +207,12 @@ def _state_df(spark, w: WindowSpec, table: pa.Table | None):
     if table is None or table.num_rows == 0:
         return spark.createDataFrame([], ddl)
     return spark.createDataFrame(table.cast(_ddl_to_arrow(spark, ddl)))
+
+
+# The kernel's Spark jobs are few on purpose: an epoch's fixed cost is a few hundred ms per
+# job, so each window's results and new state come back in ONE collect (rows flagged `_fire`,
+# `_keep`, `_retract`, split and sorted on the driver), the dead letters of every reason and
+# window in one more, and late counts are read off the collected dead letters.
 
 
 def run_epoch(
@@ -218,9 +230,7 @@ def run_epoch(
 
     L = spec.allowed_lateness
     ev = events_df
-    n_in = ev.count()
     dead = []
-    duplicate = 0
     ids_out = None
     if spec.id_field:
         seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT, key STRING, t BIGINT")
@@ -228,13 +238,16 @@ def run_epoch(
         ev = ev.withColumn("_rn", F.row_number().over(order)).join(
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
         )
-        is_dup = (F.col("_rn") > 1) | F.col("_seen").isNotNull()
-        dups = ev.filter(is_dup)
-        ev = ev.filter(~is_dup).drop("_rn", "_seen")
-        ev = ev.localCheckpoint()
-        duplicate = n_in - ev.count()
-        if duplicate:
-            dead.append(_dead(F, dups, spec, "duplicate", None))
+        ev = ev.withColumn("_dup", (F.col("_rn") > 1) | F.col("_seen").isNotNull()).drop("_rn", "_seen")
+    else:
+        ev = ev.withColumn("_dup", F.lit(False))
+    # The epoch's events are read from the object store once, here.
+    ev = ev.localCheckpoint()
+    n_in, duplicate = ev.agg(F.count(F.lit(1)), F.coalesce(F.sum(F.col("_dup").cast("bigint")), F.lit(0))).first()
+    if duplicate:
+        dead.append(_dead(F, ev.filter(F.col("_dup")), spec, "duplicate", None))
+    ev = ev.filter(~F.col("_dup")).drop("_dup")
+    if spec.id_field:
         # Remember ids while a window that counted them can still change.
         extent = spec.max_extent + L
         if spec.gap_fields:
@@ -243,19 +256,26 @@ def run_epoch(
             ext = F.lit(extent)
         fresh = ev.select(F.col(ID).alias("id"), (F.col(TIME) + ext).alias("expires"), F.col(KEY).alias("key"), F.col(TIME).alias("t"))
         ids_df = seen.unionByName(fresh)  # disjoint: `fresh` holds neither seen ids nor repeats
-    else:
-        ev = ev.localCheckpoint()
 
-    results = {}
+    parts = {}
     for w in spec.windows:
         st = _state_df(spark, w, state.get(w.name))
         if w.type == "session":
-            res, late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new)
+            parts[w.name], late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new)
         else:
-            res, late_df = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
-        if res.late:
-            dead.append(_dead(F, late_df, spec, "late", w.name))
-        results[w.name] = res
+            parts[w.name], late_df = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
+        dead.append(_dead(F, late_df, spec, "late", w.name))
+
+    d = dead[0]
+    for x in dead[1:]:
+        d = d.unionByName(x)
+    dl = _sorted(_to_arrow(d, DEAD_LETTER), ["segment", "chunk", "row", "reason", "window"])
+    late_w = pc.value_counts(dl.filter(pc.equal(dl["reason"], "late"))["window"]).to_pylist() if dl.num_rows else []
+    late_by = {x["values"]: x["counts"] for x in late_w}
+    counted_all = n_in - duplicate
+    results = {
+        name: WindowResult(out, st, counted_all - late_by.get(name, 0), late_by.get(name, 0)) for name, (out, st) in parts.items()
+    }
 
     if spec.id_field:
         # An id inside a session that is still open is kept until that session is purged:
@@ -269,15 +289,8 @@ def run_epoch(
                 ids_df = ids_df.join(s, inside, "left").select(
                     "id", F.greatest(F.col("expires"), F.col("_se") + F.lit(L)).alias("expires"), "key", "t"
                 )
-        ids_out = _to_arrow(ids_df.filter(F.col("expires") > F.lit(w_new)).orderBy("id"), IDS)
+        ids_out = _sorted(_to_arrow(ids_df.filter(F.col("expires") > F.lit(w_new)), IDS), ["id"])
 
-    if dead:
-        d = dead[0]
-        for x in dead[1:]:
-            d = d.unionByName(x)
-        dl = _to_arrow(d.orderBy("segment", "chunk", "row", "reason", "window"), DEAD_LETTER)
-    else:
-        dl = DEAD_LETTER.empty_table()
     return EpochResult(results, dl, ids_out, n_in, duplicate)
 
 
@@ -295,6 +308,28 @@ def _out_schema(spark, w: WindowSpec) -> pa.Schema:
     return _ddl_to_arrow(spark, output_ddl(w)).append(pa.field("retract", pa.bool_()))
 
 
+def _collect_split(spark, F, w: WindowSpec, flagged) -> tuple[pa.Table, pa.Table]:
+    """One collect of rows flagged `_fire` / `_keep` / `_retract` (partials + finalized values),
+    split on the driver into (outputs, new state)."""
+    aggs = [a.name for a in w.aggregates]
+    partials = [c for a in w.aggregates for c, _ in partial_columns(a)]
+    # Finalized values under temporary names: an aggregate may share a partial's name prefix only.
+    cols = ["key", "start", "end", *partials]
+    df = flagged.select(*cols, *[_finalize(F, a).alias(f"_o_{a.name}") for a in w.aggregates], "_fire", "_keep", "_retract")
+    t = df.toArrow()
+    out_schema, st_schema = _out_schema(spark, w), _ddl_to_arrow(spark, state_ddl(w))
+    if t.num_rows == 0:
+        return out_schema.empty_table(), st_schema.empty_table()
+    fire = t.filter(pc.or_(t["_fire"], t["_retract"]))
+    outputs = pa.table(
+        [fire["key"], fire["start"], fire["end"], *[fire[f"_o_{n}"] for n in aggs], fire["_retract"]],
+        names=["key", "window_start", "window_end", *aggs, "retract"],
+    ).cast(out_schema)
+    keep = t.filter(t["_keep"])
+    new_state = keep.select(cols).cast(st_schema)
+    return _sorted(outputs, ["key", "window_start", "window_end", "retract"]), _sorted(new_state, ["key", "start", "end"])
+
+
 def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int):
     """Tumbling and sliding windows: explode each event into its size/slide windows."""
     L = spec.allowed_lateness
@@ -304,10 +339,15 @@ def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: 
     # The newest window of an event ends last: if it is expired, all are.
     late_df = ev2.filter(F.col("_last") + F.lit(w.size + L) <= F.lit(w_prev))
     elig = ev2.filter(F.col("_last") + F.lit(w.size + L) > F.lit(w_prev))
-    exploded = elig.withColumn("_k", F.explode(F.sequence(F.lit(0), F.lit(n - 1)))).select(
+    if n > 1:
+        elig = elig.withColumn("_k", F.explode(F.sequence(F.lit(0), F.lit(n - 1))))
+        shift = F.col("_k") * F.lit(w.slide)
+    else:
+        shift = F.lit(0).cast("bigint")
+    exploded = elig.select(
         F.col(KEY).alias("key"),
-        (F.col("_last") - F.col("_k") * F.lit(w.slide)).alias("start"),
-        (F.col("_last") - F.col("_k") * F.lit(w.slide) + F.lit(w.size)).alias("end"),
+        (F.col("_last") - shift).alias("start"),
+        (F.col("_last") - shift + F.lit(w.size)).alias("end"),
         *_partial_exprs(F, w),
     )
     # Drop the individual windows already purged (end + L <= W_prev).
@@ -318,14 +358,14 @@ def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: 
         .unionByName(delta)
         .groupBy("key", "start", "end")
         .agg(*_merge_aggs(F, w), F.max("_touched").alias("_touched"))
-    ).localCheckpoint()
-    fire = merged.filter((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev))))
-    outputs = _to_arrow(_outputs(F, w, fire, False).orderBy("key", "window_start"), _out_schema(spark, w))
-    keep = merged.filter(F.col("end") + F.lit(L) > F.lit(w_new)).drop("_touched")
-    new_state = _to_arrow(keep.orderBy("key", "start"), _ddl_to_arrow(spark, state_ddl(w)))
-    late = late_df.count()
-    counted = ev.count() - late
-    return WindowResult(outputs, new_state, counted, late), late_df
+    )
+    flagged = merged.select(
+        "*",
+        ((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev)))).alias("_fire"),
+        (F.col("end") + F.lit(L) > F.lit(w_new)).alias("_keep"),
+        F.lit(False).alias("_retract"),
+    ).filter(F.col("_fire") | F.col("_keep"))
+    return _collect_split(spark, F, w, flagged), late_df
 
 
 def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int):
@@ -347,35 +387,35 @@ def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w
         F.col(KEY).alias("key"), "start", "end", *_partial_exprs(F, w),
         F.lit(True).alias("_touched"), F.lit(None).cast("bigint").alias("_os"), F.lit(None).cast("bigint").alias("_oe"),
     )
-    touched_keys = pieces_new.select(F.col("key").alias("_tk")).distinct()
-    st_t = st.join(touched_keys, st["key"].eqNullSafe(touched_keys["_tk"]), "left_semi")
-    st_u = st.join(touched_keys, st["key"].eqNullSafe(touched_keys["_tk"]), "left_anti")
-    pieces = st_t.withColumn("_touched", F.lit(False)).withColumn("_os", F.col("start")).withColumn("_oe", F.col("end")).unionByName(pieces_new)
+    # Every open session goes through the sweep: the sessions of one key in the state neither
+    # overlap nor touch (they would have merged), so a state session no event of this epoch
+    # reaches stays a group of its own, unchanged and untouched.
+    pieces = st.withColumn("_touched", F.lit(False)).withColumn("_os", F.col("start")).withColumn("_oe", F.col("end")).unionByName(pieces_new)
     order = SW.partitionBy("key").orderBy("start", "end")
     pieces = pieces.withColumn(
         "_pmax", F.max("end").over(order.rowsBetween(SW.unboundedPreceding, -1))
     ).withColumn("_new", F.when(F.col("_pmax").isNull() | (F.col("start") > F.col("_pmax")), 1).otherwise(0))
-    pieces = pieces.withColumn("_grp", F.sum("_new").over(order.rowsBetween(SW.unboundedPreceding, 0))).localCheckpoint()
-    # A group of state pieces only (no event of this epoch) is unchanged: it does not re-fire.
+    pieces = pieces.withColumn("_grp", F.sum("_new").over(order.rowsBetween(SW.unboundedPreceding, 0)))
+    # Group bounds and members in one pass per key: the fired state sessions of a group whose
+    # bounds changed (merged with new events or with each other) are retracted.
+    grp = SW.partitionBy("key", "_grp")
+    pieces = pieces.withColumn("_gs", F.min("start").over(grp)).withColumn("_ge", F.max("end").over(grp)).localCheckpoint()
     groups = pieces.groupBy("key", "_grp").agg(
         F.min("start").alias("start"), F.max("end").alias("end"), *_merge_aggs(F, w), F.max("_touched").alias("_touched")
+    ).drop("_grp")
+    partials = [c for a in w.aggregates for c, _ in partial_columns(a)]
+    retracted = pieces.filter(
+        F.col("_os").isNotNull() & (F.col("_oe") <= F.lit(w_prev)) & ((F.col("_os") != F.col("_gs")) | (F.col("_oe") != F.col("_ge")))
+    ).select("key", F.col("_os").alias("start"), F.col("_oe").alias("end"), *partials)
+    flagged = groups.select(
+        "key", "start", "end", *partials,
+        ((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev)))).alias("_fire"),
+        (F.col("end") + F.lit(L) > F.lit(w_new)).alias("_keep"),
+        F.lit(False).alias("_retract"),
+    ).filter(F.col("_fire") | F.col("_keep")).unionByName(
+        retracted.withColumn("_fire", F.lit(False)).withColumn("_keep", F.lit(False)).withColumn("_retract", F.lit(True))
     )
-    # Fired sessions (end <= W_prev) whose bounds changed are retracted.
-    bounds = groups.select(F.col("key").alias("_gk"), F.col("_grp").alias("_gg"), F.col("start").alias("_gs"), F.col("end").alias("_ge"))
-    olds = pieces.filter(F.col("_os").isNotNull() & (F.col("_oe") <= F.lit(w_prev)))
-    retracted = olds.join(bounds, olds["key"].eqNullSafe(bounds["_gk"]) & (olds["_grp"] == bounds["_gg"])).filter(
-        (F.col("_os") != F.col("_gs")) | (F.col("_oe") != F.col("_ge"))
-    )
-    merged = groups.drop("_grp").unionByName(st_u.withColumn("_touched", F.lit(False))).localCheckpoint()
-    fire = merged.filter((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev))))
-    out_fire = _outputs(F, w, fire, False)
-    out_retr = _outputs(F, w, retracted.select("key", F.col("_os").alias("start"), F.col("_oe").alias("end"), *[c for a in w.aggregates for c, _ in partial_columns(a)]), True)
-    outputs = _to_arrow(out_fire.unionByName(out_retr).orderBy("key", "window_start", "retract"), _out_schema(spark, w))
-    keep = merged.filter(F.col("end") + F.lit(L) > F.lit(w_new)).drop("_touched")
-    new_state = _to_arrow(keep.orderBy("key", "start"), _ddl_to_arrow(spark, state_ddl(w)))
-    late = late_df.count()
-    counted = ev.count() - late
-    return WindowResult(outputs, new_state, counted, late), late_df
+    return _collect_split(spark, F, w, flagged), late_df
 
 
 def table_bytes(t: pa.Table) -> bytes:

@@ -10,7 +10,9 @@ three times, each time by `engine.process` into its own checkpoints:
                 executors are separate JVMs with their own Python workers, and
                 read the chunks from S3 themselves)
     connect     a driver subprocess with WIRE_SPARK_REMOTE=sc://127.0.0.1:P
-                (a Spark Connect server started here, in the foreground)
+                (the session's Spark Connect server, conftest `spark_remote`:
+                local[2], no AQE, one shuffle partition; or, if that one is
+                unavailable, one started here in the foreground)
 
 The committed results must be identical across the three, and equal to a
 brute-force batch aggregation (the stream is closed, nothing is late).
@@ -60,7 +62,7 @@ PIPELINE = {
     ],
 }
 WINDOWS = [w["name"] for w in PIPELINE["windows"]]
-DRIVER_TIMEOUT = 300  # seconds for one driver subprocess (JVM start + 3 epochs)
+DRIVER_TIMEOUT = 300  # seconds for both driver subprocesses (JVM start + 2 epochs each)
 START_TIMEOUT = 120  # seconds for the master, the workers or the Connect server to come up
 
 
@@ -199,7 +201,7 @@ class Cluster:
 
 @dataclass
 class Jvms:
-    """The daemons of this module; `ready()` waits for them (and starts the workers once the master is up)."""
+    """The daemons of this module; `ready()` waits until the master, both workers and the Connect server are up."""
 
     tmp: Path
     env: dict[str, str]
@@ -232,17 +234,9 @@ class Jvms:
         return self
 
 
-@pytest.fixture(scope="module")
-def jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jvms]:
-    """Starts the master and the Connect server (not waiting for them); stops every group at the end."""
-    tmp = tmp_path_factory.mktemp("jvms")
-    env = base_env(tmp)
-    port, ui, grpc = free_port(), free_port(), free_port()
-    j = Jvms(tmp, env, Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)]), f"sc://127.0.0.1:{grpc}")
-    master = Daemon("master", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.master.Master",
-                               "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], env, tmp / "master.log")
-    # What `start-connect-server.sh --wait` runs (spark-daemon.sh `submit`), without the pid file and nohup.
-    server = Daemon("connect-server", [
+def own_connect_server(tmp: Path, env: dict[str, str], grpc: int) -> Daemon:
+    """What `start-connect-server.sh --wait` runs (spark-daemon.sh `submit`), without the pid file and nohup."""
+    return Daemon("connect-server", [
         f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
         "--name", "Spark Connect server", "--master", "local[2]", "--driver-memory", "1g",
         "--conf", f"spark.connect.grpc.binding.port={grpc}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
@@ -250,13 +244,31 @@ def jvms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jvms]:
         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
         "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'connect-local'}",
     ], env, tmp / "connect.log")
+
+
+@pytest.fixture(scope="module")
+def jvms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jvms]:
+    """Starts the master and the workers (not waiting for them) and takes the session's Spark Connect
+    server (conftest `spark_remote`), or starts one of its own if that one is unavailable.
+    Stops every group it started at the end."""
+    tmp = tmp_path_factory.mktemp("jvms")
+    env = base_env(tmp)
+    port, ui = free_port(), free_port()
+    j = Jvms(tmp, env, Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)]), "")
+    master = Daemon("master", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.master.Master",
+                               "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], env, tmp / "master.log")
     # Workers started with the master retry until it is up (Worker's registration retries).
     workers = [Daemon(f"worker{i}", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", j.cluster.master_url,
                                      "--cores", "1", "--memory", "1g", "--host", "127.0.0.1", "--webui-port", str(free_port()),
                                      "--work-dir", str(wd)], env, tmp / f"worker{i}.log") for i, wd in enumerate(j.cluster.work_dirs)]
     try:
-        for d in (master, server, *workers):
+        for d in (master, *workers):
             j.daemons.append(d.start())
+        j.connect_url = request.getfixturevalue("spark_remote") or ""  # boots (if not up yet) while the cluster does
+        if not j.connect_url:
+            grpc = free_port()
+            j.daemons.append(own_connect_server(tmp, env, grpc).start())
+            j.connect_url = f"sc://127.0.0.1:{grpc}"
         yield j
     finally:
         left = {d.name: d.stop() for d in reversed(j.daemons)}

@@ -2,6 +2,7 @@
 run executed in-process, through the same job and assets the daemon launches."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
@@ -11,9 +12,10 @@ from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
 
-def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
+def tick(spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """The runs launched (run_key, partition, status SUCCESS|FAILURE, run_id); requests whose run key
-    already ran successfully are skipped, as the daemon skips them, and are not returned."""
+    already ran successfully are skipped, as the daemon skips them, and are not returned.
+    `progress(requests handled, requests)` is called before the first run and after each request."""
     from definitions import build_definitions
     from resources import default_resources
 
@@ -28,12 +30,16 @@ def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
     reqs = list(result.run_requests or [])
     job = defs.resolve_job_def(job_name(spec))
     done = []
-    for rr in reqs:
+    if progress is not None:
+        progress(0, len(reqs))
+    for i, rr in enumerate(reqs, start=1):
         existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
         if existing and existing[0].is_success:
             # As the daemon does: a run key that already ran launches nothing.
             if console is not None:
                 console.print(f"skipped {rr.run_key} (partition {rr.partition_key}): already ran as {existing[0].run_id}")
+            if progress is not None:
+                progress(i, len(reqs))
             continue
         if console is not None:
             console.print(f"running {rr.run_key} (partition {rr.partition_key})")
@@ -52,6 +58,8 @@ def tick(spec: Pipeline, pipelines: Path, console=None) -> list[dict]:
                     if err is not None:
                         console.print(f"  {err.cls_name}: {err.message.strip().splitlines()[0]}")
         done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": status, "run_id": res.run_id})
+        if progress is not None:
+            progress(i, len(reqs))
     if result.cursor is not None:
         instance.run_storage.set_cursor_values({key: result.cursor})
     return done

@@ -78,27 +78,57 @@ def dagster_dev_command(port: int, host: str = "127.0.0.1") -> list[str]:
     return [str(exe), "dev", "-w", str(ws), "-h", host, "-p", str(port)]
 
 
+class _Stop(Exception):
+    """SIGTERM or SIGHUP reached `wire dev`: shut down as on Ctrl-C."""
+
+
+def _raise_stop(signum, _frame) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
 def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
+    """Run the embedded S3 server (unless WIRE_S3_ENDPOINT names one) and `dagster dev` until Ctrl-C
+    (or SIGTERM / SIGHUP), then stop both: dagster dev by its process group, the S3 server by its own.
+
+    An embedded server that was already running when `wire dev` started is someone else's: it is
+    reused and left running. Returns 0 after a requested stop, else dagster dev's exit code.
+    """
     from .embedded import resolve_s3
 
-    started: EmbeddedS3 | None = None
+    server: EmbeddedS3 | None = None
     if not os.environ.get("WIRE_S3_ENDPOINT"):
-        started = EmbeddedS3(default_home() / "s3")
-    cfg = resolve_s3()
-    home = ensure_dagster_home()
-    env = dict(os.environ)
-    env.update(cfg.export_env())
-    env["DAGSTER_HOME"] = str(home)
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    if pipelines is not None:
-        env["WIRE_PIPELINES"] = str(Path(pipelines).resolve())
-    proc = subprocess.Popen(dagster_dev_command(port), cwd=str(PROJECT), env=env, start_new_session=True)
-    print(f"embedded S3 at {cfg.endpoint}; Dagster UI at http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops both", flush=True)
+        candidate = EmbeddedS3(default_home() / "s3")
+        if candidate.config is None:
+            server = candidate  # ours to stop, even if Ctrl-C comes while it starts
+    proc: subprocess.Popen | None = None
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    handlers.update({sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)})
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
+        cfg = resolve_s3()
+        home = ensure_dagster_home()
+        env = dict(os.environ)
+        env.update(cfg.export_env())
+        env["DAGSTER_HOME"] = str(home)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        if pipelines is not None:
+            env["WIRE_PIPELINES"] = str(Path(pipelines).resolve())
+        # Its own session: a terminal's Ctrl-C reaches only `wire dev`, which stops the group in order.
+        proc = subprocess.Popen(dagster_dev_command(port), cwd=str(PROJECT), env=env, start_new_session=True)
+        print(f"embedded S3 at {cfg.endpoint}; Dagster UI at http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops both", flush=True)
+        code = proc.wait()
+        print(f"dagster dev exited with code {code}; stopping", file=sys.stderr, flush=True)
+        return code
+    except (KeyboardInterrupt, _Stop):
         return 0
     finally:
-        stop_group(proc)
-        if started is not None:
-            started.stop()
+        # A second Ctrl-C (or SIGTERM) must not cut the shutdown short and leave processes behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            if proc is not None:
+                stop_group(proc)
+            if server is not None:
+                server.stop()
+        finally:
+            for sig, h in handlers.items():
+                signal.signal(sig, h)

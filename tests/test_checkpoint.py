@@ -91,6 +91,21 @@ def test_publish_follows_the_latest_manifest_only(store: ObjectStore, spec) -> N
     assert cp.publish(m2) == []  # nothing differs any more
 
 
+def test_partial_publish_removes_a_partition_left_empty(store: ObjectStore, spec) -> None:
+    """Publishing only the partitions an epoch changed (what `process` and backfills do) also
+    removes the published copy of a changed partition the new manifest no longer names (a
+    retraction emptied it), and leaves every partition it was not asked about alone."""
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 1)], P2: [("k", P2, 1)]})
+    cp.publish(m1)
+    m2 = hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)]})  # P1 and P2 went away; only P0, P1 reported changed
+    wrote = cp.publish(m2, {"tumble": [P0, P1]})
+    assert sorted(wrote) == sorted([cp.published_key("tumble", P0), cp.published_key("tumble", P1)])
+    got = {i.key for i in store.list(cp.root + "output/")}
+    assert got == {cp.published_key("tumble", P0), cp.published_key("tumble", P2)}  # P2: not asked about
+    assert sorted(cp.publish(m2)) == [cp.published_key("tumble", P2)]  # a full publish converges
+
+
 def test_gc_keeps_last_k_and_every_file_they_name(store: ObjectStore, spec) -> None:
     """Six epochs, each adding a partition and carrying the older ones (so epoch 6 still names
     epoch 1's file); a loser's manifest in epoch 3; an orphan run that never committed; an

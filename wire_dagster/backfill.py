@@ -22,7 +22,7 @@ from .kernel import read_events, run_epoch
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import read_stream
-from .timeutil import NEG_INF, now_ms
+from .timeutil import NEG_INF, iso, now_ms
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,10 @@ def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], 
     ids = None
     w_prev = NEG_INF
     offsets: dict[str, int] = {}
+    wanted = pa.array(sorted(set(partitions)), pa.int64())
+    if progress:
+        progress(0, len(steps))
     for i, st in enumerate(steps):
-        if progress:
-            progress(i + 1, len(steps))
         views = read_stream(store, spec.stream, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
         events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
@@ -76,15 +77,43 @@ def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], 
             rows = res.windows[w.name].outputs
             if rows.num_rows:
                 ps = partition_starts(spec, rows["window_end"])
-                for p in partitions:
+                mine = pc.is_in(ps, value_set=wanted)
+                rows, ps = rows.filter(mine), ps.filter(mine)
+                for p in pc.unique(ps).to_pylist():  # only the partitions this epoch touched
                     sel = rows.filter(pc.equal(ps, p))
-                    if sel.num_rows:
-                        contents[w.name][p] = apply_changes(contents[w.name][p], sel)
+                    contents[w.name][p] = apply_changes(contents[w.name][p], sel)
             state[w.name] = res.windows[w.name].state
         ids = res.ids
         w_prev = st.watermark
         offsets = st.remap
+        if progress:
+            progress(i + 1, len(steps))
     return contents
+
+
+def committed_partitions(m: Manifest | None) -> list[int]:
+    """Partitions holding committed results in any window of manifest `m`, in order."""
+    return sorted({int(p) for parts in (m.outputs.values() if m else []) for p in parts})
+
+
+def select_partitions(store: ObjectStore, spec: Pipeline, lo: int | None = None, hi: int | None = None) -> list[int]:
+    """What `wire backfill` recomputes: every partition from the first to the last partition with
+    committed results that overlaps the event-time range [lo, hi) (None: unbounded), gaps included
+    (a Dagster partition range is contiguous). Raises WireInputError when none qualifies."""
+    if lo is not None and hi is not None and lo > hi:
+        raise WireInputError(f"--from {iso(lo)} is after --to {iso(hi)}")
+    m = Checkpoints(store, spec.name).latest()
+    held = committed_partitions(m)
+    if lo is not None:
+        held = [p for p in held if p + spec.partition > lo]
+    if hi is not None:
+        held = [p for p in held if p < hi]
+    if not held:
+        if m is None:
+            raise WireInputError(f"backfill {spec.name}: nothing is committed yet; run `wire tick --pipeline {spec.name}` first")
+        span = f"[{iso(lo) if lo is not None else '-inf'}, {iso(hi) if hi is not None else '+inf'})"
+        raise WireInputError(f"backfill {spec.name}: no partition with committed results in {span}")
+    return list(range(held[0], held[-1] + spec.partition, spec.partition))
 
 
 def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> Manifest | None:
@@ -141,6 +170,6 @@ def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], p
         except CommitConflict:
             cp.abort(run_id)
             continue
-        cp.publish(m, changed)
+        cp.publish(m, changed)  # also removes the published copy of a partition left empty
         return m
     raise CommitConflict(f"backfill of {spec.name}: lost the commit race three times; retry")

@@ -333,8 +333,13 @@ class Checkpoints:
         names = {self.published_key(w, int(p)) for w, parts in manifest.outputs.items() for p in parts}
         if windows_partitions is None:
             stray = [i.key for i in self.store.list(f"{self.root}output/") if i.key not in names]
-            self.store.delete_many(stray)
-            fixed += stray
+        else:
+            # A requested partition the manifest no longer names (a retraction or a backfill left it
+            # empty) has no published copy any more either.
+            stray = [k for w, ps in windows_partitions.items() for p in ps
+                     if (k := self.published_key(w, int(p))) not in names and self.store.head(k) is not None]
+        self.store.delete_many(stray)
+        fixed += stray
         return fixed
 
     def verify(self, manifest: Manifest) -> list[str]:

@@ -136,6 +136,17 @@ def test_rewind_restores_epoch_and_replays_to_the_same_results(store: ObjectStor
     assert (st["epoch"], st["watermark_ms"]) == (6, w3)
     assert engine.process(store, spec, fast_spark).committed == []  # nothing left to replay or read
 
+    # Garbage collection keeps the timeline: after epochs 1-4 are deleted, a backfill still
+    # replays 1, 5, 6 (the rewind cut 2 and 3) and reproduces every partition: nothing committed.
+    from wire_dagster.backfill import backfill, committed_partitions
+
+    steps = cp.timeline(6)
+    assert [st.epoch for st in steps] == [1, 5, 6] and [st.watermark for st in steps] == [w1, w2, w3]
+    assert cp.gc(keep=2, grace_s=0)["epochs"] == 4 and cp.committed() == [5, 6]
+    assert cp.timeline(6) == steps
+    assert backfill(store, spec, fast_spark, committed_partitions(cp.latest())) is None
+    assert cp.committed() == [5, 6] and read_all(store, spec) == before
+
 
 def test_self_correction_restores_published_output(store: ObjectStore, tmp_path: Path) -> None:
     """The committed manifest is the desired content of output/: a deleted file, an altered

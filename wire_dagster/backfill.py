@@ -10,14 +10,20 @@ new content is committed as a new epoch through the two-phase protocol.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .checkpoint import Checkpoints, Counts, Manifest, new_run_id, parquet_bytes, sha256
+from .checkpoint import (
+    Checkpoints,
+    Counts,
+    Manifest,
+    Step,
+    new_run_id,
+    parquet_bytes,
+    sha256,
+)
 from .engine import apply_changes, partition_starts
-from .errors import CommitConflict, WireInputError
+from .errors import CommitConflict, ObjectNotFound, WireInputError
 from .kernel import read_events, run_epoch
 from .objectstore import ObjectStore
 from .spec import Pipeline
@@ -25,32 +31,15 @@ from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms
 
 
-@dataclass(frozen=True)
-class Step:
-    epoch: int
-    remap: dict[str, int]
-    watermark: int
-
-
 def timeline(cp: Checkpoints, latest: Manifest) -> list[Step]:
-    """The processing epochs that led to `latest`, oldest first (a rewind cuts the
-    timeline back to the epoch it restored; a backfill epoch reads nothing)."""
-    steps: list[Step] = []
-    for n in range(1, latest.epoch + 1):
-        if cp.marker(n) is None:
-            continue
-        try:
-            m = cp.load(n)
-        except Exception as e:  # noqa: BLE001 - a garbage-collected manifest
-            raise WireInputError(
-                f"cannot recompute {cp.pipeline}: the manifest of epoch {n} is gone ({e.__class__.__name__}); "
-                "keep more epochs (limits.keep_epochs) to backfill this far"
-            ) from None
-        if m.kind == "rewind":
-            steps = [s for s in steps if s.epoch <= (m.rewound_to or 0)]
-        elif m.kind == "process":
-            steps.append(Step(n, m.remap, m.watermark))
-    return steps
+    """The processing epochs that led to `latest`, oldest first (see `Checkpoints.timeline`)."""
+    try:
+        return cp.timeline(latest.epoch)
+    except ObjectNotFound as e:
+        raise WireInputError(
+            f"cannot recompute {cp.pipeline}: a manifest of its timeline is gone ({e}); "
+            "it was deleted without the compacted timeline garbage collection saves"
+        ) from None
 
 
 def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> dict[str, dict[int, pa.Table | None]]:

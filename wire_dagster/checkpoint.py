@@ -29,7 +29,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import CommitConflict, CommitStateUnknown, CorruptManifest, ObjectExists, ObjectNotFound, ObjectStoreError
+from .errors import (
+    CommitConflict,
+    CommitStateUnknown,
+    CorruptManifest,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStoreError,
+)
 from .faults import fault
 from .objectstore import ObjectStore
 from .spec import check_name
@@ -141,6 +148,15 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class Step:
+    """One processing epoch of a pipeline's timeline: what it read and the watermark it reached."""
+
+    epoch: int
+    remap: dict[str, int]
+    watermark: int
+
+
 class Checkpoints:
     """The commit protocol of one pipeline over an object store."""
 
@@ -166,6 +182,9 @@ class Checkpoints:
         from .timeutil import iso
 
         return f"{self.root}output/{window}/{iso(partition).replace(':', '')}.parquet"
+
+    def timeline_key(self, upto: int) -> str:
+        return f"{self.root}timeline/upto-{upto:010d}.json"
 
     # -- reading committed state ---------------------------------------------
     def _listing(self) -> dict[int, set[str]]:
@@ -209,6 +228,45 @@ class Checkpoints:
             return Manifest.model_validate_json(data)
         except ValidationError as e:
             raise CorruptManifest(f"manifest of epoch {n} is invalid: {e.errors()[0]['msg']}") from None
+
+    def _compacted(self) -> tuple[int, list[Step]]:
+        """The timeline garbage collection saved before deleting epochs: (last epoch it covers, steps)."""
+        files = sorted(i.key for i in self.store.list(f"{self.root}timeline/") if i.key.endswith(".json"))
+        if not files:
+            return 0, []
+        d = json.loads(self.store.get(files[-1]))
+        return int(d["upto"]), [Step(int(x["epoch"]), {k: int(v) for k, v in x["remap"].items()}, int(x["watermark"])) for x in d["steps"]]
+
+    def timeline(self, upto: int) -> list[Step]:
+        """The processing epochs that led to epoch `upto`, oldest first: a rewind cuts the
+        timeline back to the epoch it restored; backfill epochs read nothing. Epochs garbage
+        collection deleted come from the compacted timeline it saved first.
+        Raises ObjectNotFound if a manifest it needs is gone without having been compacted."""
+        base, steps = self._compacted()
+        steps = [st for st in steps if st.epoch <= upto]
+        for n in range(base + 1, upto + 1):
+            if self.marker(n) is None:
+                continue
+            m = self.load(n)
+            if m.kind == "rewind":
+                steps = [st for st in steps if st.epoch <= (m.rewound_to or 0)]
+            elif m.kind == "process":
+                steps.append(Step(n, dict(m.remap), m.watermark))
+        return steps
+
+    def _compact(self, upto: int) -> None:
+        """Save the timeline up to epoch `upto` before GC deletes those epochs (backfills replay it)."""
+        base, _ = self._compacted()
+        if upto <= base:
+            return
+        steps = self.timeline(upto)
+        body = {"upto": upto, "steps": [{"epoch": st.epoch, "remap": st.remap, "watermark": st.watermark} for st in steps]}
+        try:
+            self.store.create_if_absent(self.timeline_key(upto), json.dumps(body, sort_keys=True).encode())
+        except ObjectExists:
+            pass  # a concurrent GC saved the same (deterministic) timeline
+        older = [i.key for i in self.store.list(f"{self.root}timeline/") if i.key < self.timeline_key(upto)]
+        self.store.delete_many(older)
 
     def latest(self) -> Manifest | None:
         """The last committed epoch's manifest; uncommitted epochs are ignored."""
@@ -367,6 +425,9 @@ class Checkpoints:
         referenced = {f.key for m in manifests for f in m.files()}
         committed_runs = {m.run_id for m in (self.marker(n) for n in committed) if m}
         deleted_epochs = 0
+        doomed = [n for n in committed if kept and n < kept[0]]
+        if doomed:
+            self._compact(doomed[-1])  # before any marker goes: backfills still replay these epochs
         for n in self.epochs():
             if kept and (n < kept[0] or (n < kept[-1] and n not in committed)):
                 keys = [i.key for i in self.store.list(self.epoch_prefix(n))]

@@ -228,10 +228,9 @@ def run_epoch(
     from pyspark.sql import Window as SW
     from pyspark.sql import functions as F
 
-    L = spec.allowed_lateness
     ev = events_df
     dead = []
-    ids_out = None
+    seen = None
     if spec.id_field:
         seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT, key STRING, t BIGINT")
         order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
@@ -241,12 +240,31 @@ def run_epoch(
         ev = ev.withColumn("_dup", (F.col("_rn") > 1) | F.col("_seen").isNotNull()).drop("_rn", "_seen")
     else:
         ev = ev.withColumn("_dup", F.lit(False))
-    # The epoch's events are read from the object store once, here.
-    ev = ev.localCheckpoint()
+    # The epoch's events are read from the object store once, here. Cached (not checkpointed)
+    # and released when the epoch ends, so nothing piles up in the block manager over a backlog.
+    cached = [ev.persist(_storage())]
+    try:
+        return _epoch(spark, F, SW, spec, cached, dead, state, seen, w_prev, w_new)
+    finally:
+        for df in cached:
+            df.unpersist()
+
+
+def _storage():
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK
+
+
+def _epoch(spark, F, SW, spec: Pipeline, cached: list, dead: list, state, seen, w_prev: int, w_new: int) -> EpochResult:
+    """The rest of `run_epoch`, over the cached events (`cached[0]`, with a `_dup` flag)."""
+    L = spec.allowed_lateness
+    ev = cached[0]
     n_in, duplicate = ev.agg(F.count(F.lit(1)), F.coalesce(F.sum(F.col("_dup").cast("bigint")), F.lit(0))).first()
     if duplicate:
         dead.append(_dead(F, ev.filter(F.col("_dup")), spec, "duplicate", None))
     ev = ev.filter(~F.col("_dup")).drop("_dup")
+    ids_df = ids_out = None
     if spec.id_field:
         # Remember ids while a window that counted them can still change.
         extent = spec.max_extent + L
@@ -261,7 +279,7 @@ def run_epoch(
     for w in spec.windows:
         st = _state_df(spark, w, state.get(w.name))
         if w.type == "session":
-            parts[w.name], late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new)
+            parts[w.name], late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new, cached)
         else:
             parts[w.name], late_df = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
         dead.append(_dead(F, late_df, spec, "late", w.name))
@@ -368,7 +386,7 @@ def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: 
     return _collect_split(spark, F, w, flagged), late_df
 
 
-def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int):
+def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int, cached: list):
     """Session windows: one-event windows, merged per key with the open sessions of the state."""
     L = spec.allowed_lateness
     gap = F.lit(w.gap)
@@ -399,7 +417,8 @@ def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w
     # Group bounds and members in one pass per key: the fired state sessions of a group whose
     # bounds changed (merged with new events or with each other) are retracted.
     grp = SW.partitionBy("key", "_grp")
-    pieces = pieces.withColumn("_gs", F.min("start").over(grp)).withColumn("_ge", F.max("end").over(grp)).localCheckpoint()
+    pieces = pieces.withColumn("_gs", F.min("start").over(grp)).withColumn("_ge", F.max("end").over(grp)).persist(_storage())
+    cached.append(pieces)  # read twice (groups, retractions) by one collect
     groups = pieces.groupBy("key", "_grp").agg(
         F.min("start").alias("start"), F.max("end").alias("end"), *_merge_aggs(F, w), F.max("_touched").alias("_touched")
     ).drop("_grp")

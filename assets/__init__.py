@@ -168,7 +168,10 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
         description=f"Event-time windows of pipeline {spec.name} over stream {spec.stream}",
     )
     def _windows(context: dg.AssetExecutionContext, wire_store: ObjectStoreResource, wire_spark: SparkResource):
-        yield from _run(spec, context, wire_store.get_store(), wire_spark.get_session())
+        from wire_dagster.sparksession import LazySession
+
+        # Started on first use: a run with nothing pending (it only reports) never starts Spark.
+        yield from _run(spec, context, wire_store.get_store(), LazySession(wire_spark.get_session))
 
     return _windows
 

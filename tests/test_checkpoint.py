@@ -171,3 +171,23 @@ def test_gc_killed_half_way_leaves_no_marker_without_its_manifest(store: ObjectS
     assert cp.committed() == [3] and cp.epochs() == [3]
     assert_committed_sound(store, spec)
     assert tumble_rows(store, spec) == seen
+
+
+def test_a_run_with_nothing_pending_never_starts_spark(store: ObjectStore, spec) -> None:
+    """What a Dagster run does when every epoch is committed already: it reports its partition
+    from the manifest, and the Spark session (lazy, as the asset passes it) is never started."""
+    from wire_dagster.runs import run_partition
+    from wire_dagster.sparksession import LazySession
+
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
+
+    def no_spark():
+        raise AssertionError("a run with nothing pending started Spark")
+
+    lazy = LazySession(no_spark)
+    report, m = run_partition(store, spec, lazy, P0)
+    assert not lazy.started
+    assert m == m1 and report["epoch"] == 1
+    with pytest.raises(AssertionError, match="nothing pending started Spark"):
+        lazy.createDataFrame  # noqa: B018 - first use starts it

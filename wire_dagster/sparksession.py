@@ -138,3 +138,22 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     if mem:
         b = b.config("spark.executor.memory", mem)
     return b.getOrCreate()
+
+
+class LazySession:
+    """A Spark session started on first use, for callers that may have nothing to compute:
+    a run whose epochs are all committed already (it only reports its partition) never
+    starts a JVM or attaches to Spark Connect. Attribute access goes to the real session."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._session = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def __getattr__(self, name: str):
+        if self._session is None:
+            self._session = self._factory()
+        return getattr(self._session, name)

@@ -683,3 +683,26 @@ def test_workspace_yaml_passes_dagsters_workspace_schema():
     assert result.success, result.errors
     typo = {"load_from": [{"grpc_server": {"hots": "code-location", "port": 4000}}]}
     assert not process_workspace_config(typo).success
+
+
+def test_local_instance_yaml_monitors_and_retries_dead_runs(tmp_path):
+    """The instance `wire dev`, `wire tick` and the tests create (devstack.INSTANCE_YAML) passes
+    Dagster's schema and frees the pool slot of a run whose worker died, then retries it:
+    without both, a kill -9 leaves the pipeline's only slot claimed forever."""
+    pytest.importorskip("dagster")
+    from dagster import DagsterInstance
+    from dagster._core.instance.config import dagster_instance_config
+
+    from wire_dagster.devstack import INSTANCE_YAML
+
+    (tmp_path / "dagster.yaml").write_text(INSTANCE_YAML)
+    config, custom_class = dagster_instance_config(str(tmp_path))
+    assert custom_class is None
+    mon, retries = config["run_monitoring"], config["run_retries"]
+    assert mon["enabled"] and mon["free_slots_after_run_end_seconds"] > 0 and mon["max_resume_run_attempts"] == 0
+    assert retries["enabled"] and retries["max_retries"] >= 1 and retries["retry_on_asset_or_op_failure"] is False
+    instance = DagsterInstance.from_config(str(tmp_path))
+    try:
+        assert instance.run_monitoring_enabled and instance.run_retries_enabled
+    finally:
+        instance.dispose()

@@ -33,6 +33,19 @@ concurrency:
         limit: 1
   pools:
     default_limit: 1
+# A run whose worker died (kill -9, OOM) is marked failed within seconds, its pool slot is
+# freed and it is retried: safe, since nothing becomes visible before its commit marker.
+# Without this a killed run keeps the pipeline's only slot and nothing runs again
+# (benchmarks/recovery.py measured both). Failures of the assets themselves are not retried.
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  free_slots_after_run_end_seconds: 1
+  max_resume_run_attempts: 0
+run_retries:
+  enabled: true
+  max_retries: 2
+  retry_on_asset_or_op_failure: false
 telemetry:
   enabled: false
 """

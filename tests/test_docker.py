@@ -704,5 +704,6 @@ def test_local_instance_yaml_monitors_and_retries_dead_runs(tmp_path):
     instance = DagsterInstance.from_config(str(tmp_path))
     try:
         assert instance.run_monitoring_enabled and instance.run_retries_enabled
+        assert instance.run_coordinator.dequeue_interval_seconds == 1
     finally:
         instance.dispose()

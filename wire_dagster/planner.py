@@ -27,7 +27,7 @@ from .watermark import SegmentClock, advance, select_chunks
 class Request:
     epoch: int
     partition: int  # partition start, ms
-    reason: str  # committed | ready | late
+    reason: str  # committed | ready | late | progress
 
     def run_key(self, pipeline: str) -> str:
         return f"{pipeline}:e{self.epoch}:{iso(self.partition)}"
@@ -82,6 +82,18 @@ def _last_window_end(spec: Pipeline, t: int) -> int:
         else:
             ends.append(t - (t - w.offset) % w.slide + w.size)
     return max(ends)
+
+
+def progress_partition(spec: Pipeline, w: int) -> int:
+    """The newest partition that watermark `w` made ready, within [start, end); the first
+    partition while none is ready."""
+    last = spec.end - spec.partition if spec.end is not None else None
+    if w <= NEG_INF or w < spec.start + spec.partition:
+        return spec.start
+    if w >= INF:  # a closed stream: every partition is ready; any one of them is a valid key
+        return last if last is not None else spec.start
+    p = spec.start + ((w - spec.start) // spec.partition - 1) * spec.partition
+    return min(p, last) if last is not None else p
 
 
 def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None = None) -> Plan:
@@ -140,5 +152,11 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
                     if ready and not final:
                         reqs.setdefault((nxt, p), Request(nxt, p, "late"))
                     p += spec.partition
+        if pending and not any(r.epoch == nxt for r in reqs.values()):
+            # Chunks are pending but the next epoch makes no partition ready (partitions longer
+            # than an epoch's budget of event time): a run must still commit it, or the watermark
+            # never reaches the next partition end and the sensor waits forever. It reports the
+            # newest ready partition (the first one before any is ready).
+            reqs[(nxt, progress_partition(spec, predicted))] = Request(nxt, progress_partition(spec, predicted), "progress")
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
     return Plan(ordered, json.dumps({"epoch": committed}), committed, w, predicted, pending)

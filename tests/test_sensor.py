@@ -235,7 +235,7 @@ def test_unreachable_store_raises(spec, sensor, s3_env):
 
 
 def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env, spark):
-    """One-hour partitions, one 2-minute chunk per epoch: no epoch alone makes a partition
+    """10-minute partitions, one 2-minute chunk per epoch: no epoch alone makes a partition
     ready. The sensor must still request a run for every pending epoch (reporting the newest
     ready partition, or the first), so the watermark reaches the partition end; it used to
     request nothing, forever."""
@@ -244,18 +244,18 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
     from wire_dagster.engine import process
     from wire_dagster.planner import parse_cursor
 
-    d = {**PIPELINE, "name": "hourly", "stream": "hourly", "partition": "1h", "limits": {"max_chunks_per_epoch": 1}}
+    d = {**PIPELINE, "name": "hourly", "stream": "hourly", "partition": "10m", "limits": {"max_chunks_per_epoch": 1}}
     path = tmp_path / "pipelines" / "hourly.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(d))
     hourly = load_pipeline(path)
     sens = build_definitions(pipelines=[hourly]).resolve_sensor_def(sensor_name(hourly))
-    # 35 chunks of 2 minutes each: event time 00:00 .. 01:10, one event every 10 s
-    for k in range(35):
+    # 7 chunks of 2 minutes each: event time 00:00 .. 00:14, one event every 10 s
+    for k in range(7):
         produce_events(store, hourly, tmp_path, f"c{k}", [
             {"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * 2 * M + i * 10 * S, "amount": 1} for i in range(12)])
     cursor, seen = None, []
-    for n in range(1, 36):
+    for n in range(1, 8):
         r = evaluate(sens, s3_env, cursor)
         reqs = r.run_requests or []
         assert reqs, f"epoch {n}: chunks are pending and the sensor requested nothing"
@@ -265,7 +265,7 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
         assert process(store, hourly, spark, max_epochs=1).committed == [n]
         cursor = r.cursor
     assert seen[0] == (1, "2026-01-01-00:00", "progress")  # nothing ready yet: the first partition
-    # W passed 01:00 in some epoch: from then on the hour was requested as ready (or as committed)
+    # W passed 00:10 in some epoch: from then on the hour was requested as ready (or as committed)
     assert any(p == "2026-01-01-00:00" and why in ("ready", "committed") for _, p, why in seen), seen
     r = evaluate(sens, s3_env, cursor)
-    assert parse_cursor(r.cursor) == 35 and not [q for q in r.run_requests or [] if q.tags["wire/reason"] == "progress"]
+    assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if q.tags["wire/reason"] == "progress"]

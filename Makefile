@@ -40,6 +40,7 @@ test-long: setup chromium
 bench: setup
 	$(BIN)/python benchmarks/produce.py
 	$(BIN)/python benchmarks/kernel.py
+	$(BIN)/python benchmarks/compare.py $(COMPARE_ARGS)
 
 # Re-pin: resolve the ranges in pyproject.toml and freeze them.
 lock:

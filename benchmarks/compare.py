@@ -1,0 +1,856 @@
+"""NEXMark-like queries side by side: Wire end to end vs Spark Structured Streaming vs DuckDB.
+
+    .venv/bin/python benchmarks/compare.py [--sizes 1M[,10M]] [--keys 1K[,100K]] [--queries q5,q7,q11]
+
+For every size (all events, the 1:3:46 mix) and key count, `nexmark.py` writes one seeded data
+set; then, query by query (Q5-like sliding 10 s / 2 s bids per auction, Q7-like tumbling 10 s
+highest price, Q11-like 10 s sessions per bidder), the three sides run one after the other,
+each from cold processes, and their final results are compared for equality (the command exits 1
+and says where if they differ):
+
+- **Wire** end to end, as a user runs it: `wire produce` of each segment's bid file into the
+  pipeline's stream in the embedded S3 server, `wire close`, then `wire tick` (a real sensor
+  evaluation and real Dagster runs, DAGSTER_HOME a temporary directory) until the sensor
+  requests no run. The results are the committed ones (`wire read --format parquet`).
+- **Spark Structured Streaming** (`peers.py spark`): a fresh `local[N]` session (JVM start
+  included), `readStream` of the same bids as local Parquet, `withWatermark`,
+  `window`/`session_window`, `Trigger.AvailableNow`, Parquet sink in append mode.
+- **DuckDB** (`peers.py duckdb`): the same windows in SQL over the same files: the floor.
+
+Memory is the peak RSS of each side's process tree (psutil, sampled every 100 ms: the Python
+process, its Spark JVM and Python workers); the S3 server is reported apart. The report (Markdown)
+goes to stdout and to benchmarks/results/compare-<date>.md (compare-<date>-<HHMM>.md if that exists). See BENCHMARKS.md for the choices
+(watermarks, budgets, partitions) and how to read the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from common import Peak, TreeRss, bench_store, cpu_count, mb, md_table
+from nexmark import (
+    PIPELINE_START,
+    Config,
+    fmt_count,
+    parse_count,
+    write_dataset,
+    write_sentinel,
+)
+from peers import QUERIES, Query, counted_bids, diff, normalize, read_spark_output
+
+WIRE = str(Path(sys.executable).parent / "wire")
+CMD_TIMEOUT = 3600  # seconds, per command (a 10 M tick on 2 cores is long, but must end)
+MAX_TICKS = 12
+
+
+def parse_duration_ms(s: str) -> int:
+    from wire_dagster.timeutil import parse_duration
+
+    return parse_duration(s, "duration")
+
+
+# ---------------------------------------------------------------------------
+# Running one measured command
+
+
+class ProcTree(TreeRss):
+    """TreeRss over a child process and its descendants (Spark's JVM, its Python workers); the S3
+    server's RSS is sampled beside it, never counted in the tree.
+
+    CPU: the child's own rusage (os.wait4: itself and the children it reaped) plus, for every
+    descendant seen by the sampler, its last user + system time and that of the children it
+    reaped (the JVM reaps its Python workers). A JVM is not reaped by the Python process that
+    started it (it exits on its own once its parent is gone), so rusage alone would miss it."""
+
+    def __init__(self, pid: int, server_pid: int | None, interval: float = 0.2) -> None:
+        import psutil
+
+        super().__init__(interval=interval, exclude=("weed",))
+        self._me = psutil.Process(pid)
+        self._server = psutil.Process(server_pid) if server_pid else None
+        self.server_peak = 0
+        self.with_server_peak = 0
+        self.desc_cpu: dict[int, float] = {}
+
+    def sample(self) -> Peak:
+        import psutil
+
+        try:
+            p = super().sample()
+            for c in self._me.children(recursive=True):
+                try:
+                    t = c.cpu_times()
+                    self.desc_cpu[c.pid] = t.user + t.system + t.children_user + t.children_system
+                except psutil.Error:
+                    continue
+        except psutil.Error:  # the child exited between two samples
+            return Peak()
+        s = 0
+        if self._server is not None:
+            try:
+                s = self._server.memory_info().rss + sum(c.memory_info().rss for c in self._server.children(recursive=True))
+            except psutil.Error:
+                s = 0
+        self.server_peak = max(self.server_peak, s)
+        self.with_server_peak = max(self.with_server_peak, p.total + s)
+        return p
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        return {}  # see the class doc: CPU is computed from rusage and the sampled descendants
+
+
+class LoadSampler:
+    """The 1-minute load average every few seconds (the machine is shared: a figure means little without it)."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), os.getloadavg()[0]))
+            self._stop.wait(self._interval)
+
+    def start(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def mean(self, t0: float | None = None, t1: float | None = None) -> float | None:
+        xs = [v for t, v in self.samples if (t0 is None or t >= t0) and (t1 is None or t <= t1)]
+        return sum(xs) / len(xs) if xs else None
+
+    def max(self) -> float:
+        return max((v for _, v in self.samples), default=0.0)
+
+
+@dataclass
+class Measured:
+    cmd: list[str]
+    wall: float
+    cpu: float  # user + system of the child and the descendants it reaped
+    peak: int  # process tree RSS, bytes
+    server_peak: int
+    with_server_peak: int
+    stdout: str
+    stderr: str
+    t_start: float  # epoch seconds
+    t_end: float
+
+
+def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pid: int | None, timeout: float = CMD_TIMEOUT) -> Measured:
+    """Run `cmd` in its own process group; wall, CPU (rusage), peak tree RSS; fail loudly on a non-zero exit."""
+    out_f, err_f = tmp / f"cmd-{uuid.uuid4().hex[:8]}.out", tmp / f"cmd-{uuid.uuid4().hex[:8]}.err"
+    t_start = time.time()
+    t0 = time.perf_counter()
+    with open(out_f, "w") as so, open(err_f, "w") as se:
+        p = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, cwd=str(tmp), start_new_session=True)
+    killed = threading.Event()
+
+    def on_timeout() -> None:
+        killed.set()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    timer = threading.Timer(timeout, on_timeout)
+    timer.start()
+    try:
+        with ProcTree(p.pid, server_pid) as mem:
+            _, status, usage = os.wait4(p.pid, 0)
+    finally:
+        timer.cancel()
+    wall = time.perf_counter() - t0
+    # Anything the command left in its process group (it should leave nothing) is stopped here.
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.returncode = os.waitstatus_to_exitcode(status)
+    stdout, stderr = out_f.read_text(), err_f.read_text()
+    out_f.unlink()
+    err_f.unlink()
+    if killed.is_set():
+        raise SystemExit(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}")
+    if p.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd)} exited {p.returncode}:\n{stderr.strip()[-3000:]}")
+    cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values())
+    return Measured(cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak,
+                    stdout, stderr, t_start, time.time())
+
+
+# ---------------------------------------------------------------------------
+# Pipelines
+
+
+@dataclass(frozen=True)
+class Settings:
+    ooo_ms: int  # Wire's max_out_of_orderness: the generator's disorder bound, rounded up to whole seconds
+    lateness_ms: int  # Wire's allowed lateness
+    partition: str
+    epoch_chunks: int  # Wire max_chunks_per_epoch == Spark maxFilesPerTrigger
+    dedup: bool
+    master: str
+    bounded: bool = True  # give the pipelines an `end` (the data set's event-time range, whole days)
+
+    @property
+    def spark_delay_ms(self) -> int:
+        """Spark's watermark delay: a window is emitted when Spark's watermark passes its end, which is
+        when Wire makes it final (W >= end + allowed lateness, W = max - out_of_orderness)."""
+        return self.ooo_ms + self.lateness_ms
+
+
+def event_time_end(cfg: Config) -> str:
+    """The pipelines' `end`: whole days from their start covering every bid and its windows."""
+    from wire_dagster.timeutil import iso, parse_iso
+
+    start = parse_iso(PIPELINE_START)
+    last = cfg.start_ms + cfg.events * 1000 // cfg.rate + 120_000  # past the last event's windows and partition
+    days = -(-(last - start) // 86_400_000)
+    return iso(start + days * 86_400_000)
+
+
+def pipeline_dict(q: Query, cfg: Config, st: Settings) -> dict:
+    w: dict = {"name": q.window_name, "type": q.kind, "aggregates": {q.column: q.agg}}
+    if q.kind == "session":
+        w["gap"] = f"{q.gap_ms}ms"
+    else:
+        w["size"] = f"{q.size_ms}ms"
+        if q.kind == "sliding":
+            w["slide"] = f"{q.slide_ms}ms"
+    event = {"time": "date_time"}
+    if q.key:
+        event["key"] = q.key
+    if st.dedup:
+        event["id"] = "bid_id"
+    return {
+        "name": q.name,
+        "stream": f"bids_{q.name}",
+        "event": event,
+        "watermark": {"max_out_of_orderness": f"{st.ooo_ms}ms", "idle_timeout": "1m"},
+        "lateness": {"allowed": f"{st.lateness_ms}ms"},
+        "partition": st.partition,
+        "start": PIPELINE_START,
+        **({"end": event_time_end(cfg)} if st.bounded else {}),
+        "limits": {"chunk_rows": cfg.chunk_rows, "max_chunks_per_epoch": st.epoch_chunks},
+        "windows": [w],
+    }
+
+
+def side_pipeline(name: str, key: str, cfg: Config) -> dict:
+    """persons / auctions: pipelines only so that their streams can be produced (no query reads them)."""
+    return {
+        "name": name, "stream": name, "event": {"time": "date_time", "key": key, "id": "id"},
+        "watermark": {"max_out_of_orderness": "4s"}, "partition": "1m", "start": PIPELINE_START, "end": event_time_end(cfg),
+        "limits": {"chunk_rows": cfg.chunk_rows},
+        "windows": [{"name": "per_10s", "type": "tumbling", "size": "10s", "aggregates": {"n": "count"}}],
+    }
+
+
+# ---------------------------------------------------------------------------
+# Wire
+
+
+@dataclass
+class WireRun:
+    produce: list[Measured] = field(default_factory=list)
+    close: Measured | None = None
+    ticks: list[Measured] = field(default_factory=list)
+    final_tick: Measured | None = None  # the one that requested nothing (confirmation)
+    read: Measured | None = None
+    status: dict = field(default_factory=dict)
+    result: object = None  # pa.Table (NORMAL)
+    breakdown: list[dict] = field(default_factory=list)  # per tick
+
+    @property
+    def e2e(self) -> float:
+        return sum(m.wall for m in self.produce) + (self.close.wall if self.close else 0) + sum(m.wall for m in self.ticks)
+
+    @property
+    def cpu(self) -> float:
+        return sum(m.cpu for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+
+    @property
+    def peak(self) -> int:
+        return max(m.peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+
+    @property
+    def server_peak(self) -> int:
+        return max(m.server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+
+    @property
+    def with_server_peak(self) -> int:
+        return max(m.with_server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+
+
+def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, server_pid: int | None, log) -> WireRun:
+    import pyarrow.parquet as pq
+
+    r = WireRun()
+    for s in range(cfg.segments):
+        f = data / "wire" / f"bids-s{s}.parquet"
+        if not f.exists():
+            continue
+        r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, "--file", str(f), "--segment", str(s)], env, tmp, server_pid))
+    log(f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(r.produce)} segments)")
+    r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pid)
+    for _ in range(MAX_TICKS):
+        m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pid)
+        if "sensor requested no run" in m.stdout:
+            r.final_tick = m
+            break
+        bad = [ln for ln in m.stdout.splitlines() if ln.startswith("run ") and not ln.endswith("SUCCESS")]
+        if bad:
+            raise SystemExit(f"wire tick --pipeline {q.name}: {bad}")
+        r.ticks.append(m)
+        log(f"  wire tick {len(r.ticks)}: {m.wall:.1f} s, {m.stdout.count('SUCCESS')} runs")
+    else:
+        raise SystemExit(f"wire tick --pipeline {q.name}: still requesting runs after {MAX_TICKS} ticks")
+    out = tmp / f"wire-{q.name}.parquet"
+    r.read = run_measured([WIRE, "read", "--pipeline", q.name, "--window", q.window_name, "--format", "parquet", "-o", str(out)],
+                          env, tmp, server_pid)
+    r.result = normalize(pq.read_table(out), q.column)
+    st = run_measured([WIRE, "status", "--pipeline", q.name, "--json"], env, tmp, server_pid)
+    r.status = json.loads(st.stdout)
+    return r
+
+
+def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_env: dict[str, str]) -> list[dict]:
+    """Where each tick's time went, from the Dagster instance's run records and event logs and the
+    committed manifests (their creation times)."""
+    import dagster as dg
+
+    from wire_dagster.checkpoint import Checkpoints
+    from wire_dagster.objectstore import ObjectStore, S3Config
+
+    inst = dg.DagsterInstance.from_config(str(dagster_home))
+    store = ObjectStore(S3Config.from_env(store_env))
+    cp = Checkpoints(store, q.name)
+    created = {}
+    for n in cp.committed():
+        created[n] = cp.load(n).created_ms / 1000
+    runs = inst.get_runs(filters=dg.RunsFilter(tags={"wire/pipeline": q.name}))
+    stats = {run.run_id: inst.get_run_stats(run.run_id) for run in runs}
+    rows = []
+    for i, tick in enumerate(r.ticks):
+        mine = sorted(
+            (st.start_time, st.end_time or st.start_time, rid)
+            for rid, st in stats.items() if st.start_time and tick.t_start <= st.start_time <= tick.t_end
+        )
+        per_run = []  # (wall, epochs, before first epoch, first epoch -> last commit)
+        for s, e, rid in mine:
+            step_start = first_epoch = None
+            epochs = []
+            for ev in inst.all_logs(rid):
+                if ev.dagster_event is not None and ev.dagster_event.event_type_value == "STEP_START":
+                    step_start = ev.timestamp
+                msg = ev.user_message or ""
+                if msg.startswith("epoch ") and ":" in msg:
+                    epochs.append(int(msg.split(":")[0].split()[1]))
+                    if first_epoch is None:
+                        first_epoch = ev.timestamp
+            before = span = 0.0
+            if epochs and first_epoch is not None and step_start is not None:
+                before = first_epoch - step_start
+                last = max((created[n] for n in epochs if n in created), default=None)
+                span = (last - first_epoch) if last is not None else 0.0
+            per_run.append((e - s, len(epochs), before, span))
+        proc = [x for x in per_run if x[1]]
+        rep = [x for x in per_run if not x[1]]
+        first_is_rep = bool(per_run) and not per_run[0][1]
+        rest = rep[1:] if first_is_rep else rep
+        run_s = sum(x[0] for x in per_run)
+        rows.append({
+            "tick": i + 1,
+            "wall": tick.wall,
+            "runs": len(per_run),
+            "run_s": run_s,
+            "epochs": sum(x[1] for x in proc),
+            "epochs_s": sum(x[3] for x in proc),
+            "before_first_epoch_s": sum(x[2] for x in proc),
+            "proc_after_s": sum(x[0] - x[2] - x[3] for x in proc),
+            "first_report_run_s": rep[0][0] if first_is_rep else None,
+            "report_runs": len(rest),
+            "report_runs_s": sum(x[0] for x in rest),
+            "outside_runs_s": tick.wall - run_s,
+        })
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Peers
+
+
+@dataclass
+class PeerRun:
+    wall: float
+    cpu: float
+    peak: int
+    info: dict
+    result: object = None
+
+
+def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp: Path, warm: bool) -> PeerRun:
+    """The cold run: one process (JVM start, the query, stop) measured whole. With `warm`, a second
+    process runs the query twice in one session and only its second query's time is kept (its
+    first run's result must equal the cold run's too)."""
+
+    def cmd(out: Path, warm_run: bool) -> list[str]:
+        c = [sys.executable, str(HERE / "peers.py"), "spark", "--query", q.name, "--src", str(data / "bids"), "--out", str(out),
+             "--delay-ms", str(st.spark_delay_ms), "--max-files", str(st.epoch_chunks), "--master", st.master]
+        return c + (["--dedup"] if st.dedup else []) + (["--warm"] if warm_run else [])
+
+    out = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
+    m = run_measured(cmd(out, False), env, tmp, None)
+    info = json.loads(m.stdout.strip().splitlines()[-1])
+    res = normalize(read_spark_output(out / "cold"), q.column)
+    if warm:
+        out2 = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
+        m2 = run_measured(cmd(out2, True), env, tmp, None)
+        info2 = json.loads(m2.stdout.strip().splitlines()[-1])
+        for sub in ("cold", "warm"):
+            if not normalize(read_spark_output(out2 / sub), q.column).equals(res):
+                raise SystemExit(f"Spark {q.name}: the result of the warm process's {sub} run differs from the cold run's")
+        info["warm"] = info2["warm"]
+        info["second_cold_seconds"] = info2["seconds"]
+    return PeerRun(m.wall, m.cpu, m.peak, info, res)
+
+
+def run_duckdb_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp: Path) -> PeerRun:
+    import pyarrow.parquet as pq
+
+    out = tmp / f"duckdb-{q.name}.parquet"
+    cmd = [sys.executable, str(HERE / "peers.py"), "duckdb", "--query", q.name, "--src", str(data / "bids"), "--out", str(out)]
+    if st.dedup:
+        cmd.append("--dedup")
+    m = run_measured(cmd, env, tmp, None)
+    info = json.loads(m.stdout.strip().splitlines()[-1])
+    return PeerRun(m.wall, m.cpu, m.peak, info, normalize(pq.read_table(out), q.column))
+
+
+def drop_sentinel(t, sentinel_ms: int, q: Query):
+    """Spark's result without the sentinel's windows (none is expected: its window never closes)."""
+    import pyarrow.compute as pc
+
+    keep = pc.less(t["window_start"], sentinel_ms - max(q.size_ms, q.gap_ms))
+    return t.filter(keep), t.num_rows - t.filter(keep).num_rows
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class Case:
+    cfg: Config
+    q: Query
+    manifest: dict
+    wire: WireRun | None = None
+    spark: PeerRun | None = None
+    duck: PeerRun | None = None
+    equal: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    t_start: float = 0.0
+    t_end: float = 0.0
+    load: float | None = None  # mean 1-minute load average while the case ran
+
+
+def machine() -> str:
+    import psutil
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu or 'unknown CPU'}, {cpu_count()} cores available, {psutil.virtual_memory().total / 2**30:.0f} GB RAM, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def versions() -> str:
+    import dagster
+    import duckdb
+    import pyspark
+
+    return f"PySpark {pyspark.__version__}, DuckDB {duckdb.__version__}, Dagster {dagster.__version__}"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def rate(n: int, s: float) -> str:
+    return f"{n / s:,.0f}" if s > 0 else "-"
+
+
+def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSampler, gen_notes: list[str], external_s3: bool) -> str:
+    out = []
+    now = datetime.now(UTC)
+    out.append(f"# NEXMark-like comparison: Wire vs Spark Structured Streaming vs DuckDB — {now:%Y-%m-%d %H:%M} UTC\n")
+    out.append(f"- command: `{' '.join(['benchmarks/compare.py'] + sys.argv[1:]) if sys.argv[1:] else 'make bench (benchmarks/compare.py)'}`")
+    out.append(f"- machine: {machine()}; 1-minute load average during the run: mean {load.mean() or 0:.1f}, max {load.max():.1f} "
+               f"({cpu_count()} cores: above {cpu_count()} the sides share CPUs with other work); total {t_total / 60:.1f} min")
+    out.append(f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)")
+    c0 = cases[0].cfg if cases else Config()
+    out.append(f"- generator: rate {c0.rate:,} events/s of event time, seed {c0.seed}, {c0.segments} segments, chunks of "
+               f"{c0.chunk_rows:,} bids, out-of-order groups of {c0.ooo_group} events, {c0.delay_fraction:.0%} of events delayed "
+               f"by up to {c0.max_delay_ms} ms: disorder bound {c0.disorder_bound_ms()} ms")
+    out.append(f"- Wire: max_out_of_orderness {st.ooo_ms} ms (>= the bound: no event is late), allowed lateness {st.lateness_ms} ms, "
+               f"partition {st.partition}{' (event-time range bounded by `end`, whole days)' if st.bounded else ' (no `end`: open-ended)'}, "
+               f"{st.epoch_chunks} chunks per epoch, id field {'bid_id (de-duplication on)' if st.dedup else 'none'}; "
+               f"Spark `{st.master}`")
+    out.append(f"- Spark SS: withWatermark delay {st.spark_delay_ms} ms (= out-of-orderness + allowed lateness), maxFilesPerTrigger "
+               f"{st.epoch_chunks}, Trigger.AvailableNow, Parquet sink (append){', dropDuplicatesWithinWatermark(bid_id)' if st.dedup else ''}")
+    for q in sorted({c.q.name: c.q for c in cases}.values(), key=lambda q: int(q.name[1:])):
+        out.append(f"- {q.name}: {q.title} (Wire window `{q.window_name}`, column `{q.column}`)")
+    for n in gen_notes:
+        out.append(f"- {n}")
+    out.append("")
+    out.append("Times are wall seconds from cold processes. Wire = `wire produce` (one per segment) + `wire close` + the `wire tick`s "
+               "that launched runs (the last tick, which requested nothing, is not counted); Spark SS = one process: JVM start, "
+               "query, stop; warm (with --warm) = the query's second run in one session of another process. Throughput counts bids (the only stream these queries "
+               "read). **Wire ÷ X** is Wire's throughput over X's (> 1: Wire faster; the goal vs Spark SS is >= 2). Peak memory: "
+               "the largest process tree of the side (Wire: its largest command, the S3 server not included; it is in the last columns).\n")
+    head = ["events", "keys", "query", "bids", "result rows", "equal", "Wire s", "Wire bids/s", "Spark SS s", "Spark SS bids/s",
+            "Spark warm s", "DuckDB s", "DuckDB bids/s", "Wire ÷ Spark SS", "Wire ÷ DuckDB", "Wire MB", "Spark MB", "DuckDB MB",
+            "S3 server MB", "Wire + S3 MB", "load"]
+    rows = []
+    for c in cases:
+        n = c.cfg.bids
+        w, s, d = c.wire, c.spark, c.duck
+        warm = s.info.get("warm", {}).get("seconds") if s else None
+        rows.append([
+            fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, f"{n:,}",
+            f"{(w or s or d).result.num_rows:,}" if (w or s or d) else "-",
+            "yes" if c.equal and all(c.equal.values()) else ("**NO**" if c.equal else "-"),
+            f"{w.e2e:.1f}" if w else "-", rate(n, w.e2e) if w else "-",
+            f"{s.wall:.1f}" if s else "-", rate(n, s.wall) if s else "-",
+            f"{warm:.1f}" if warm else "-",
+            f"{d.wall:.1f}" if d else "-", rate(n, d.wall) if d else "-",
+            f"{s.wall / w.e2e:.2f}" if (w and s) else "-", f"{d.wall / w.e2e:.3f}" if (w and d) else "-",
+            mb(w.peak) if w else "-", mb(s.peak) if s else "-", mb(d.peak) if d else "-",
+            mb(w.server_peak) if (w and not external_s3) else "-", mb(w.with_server_peak) if (w and not external_s3) else "-",
+            f"{c.load:.1f}" if c.load is not None else "-",
+        ])
+    out.append(md_table(head, rows, "lllrrlrrrrrrrrrrrrrrr"))
+    problems = [f"{fmt_count(c.cfg.events)}/{fmt_count(c.cfg.keys)}/{c.q.name}: {p}" for c in cases for p in c.problems]
+    if problems:
+        out.append("\n**Results differ:**\n")
+        out += [f"- {p}" for p in problems]
+
+    out.append("\n## CPU seconds (user + system of each side's processes; steadier than wall time on a shared machine)\n")
+    rows = []
+    for c in cases:
+        rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name,
+                     f"{c.wire.cpu:.0f}" if c.wire else "-", f"{c.spark.cpu:.0f}" if c.spark else "-",
+                     f"{c.duck.cpu:.1f}" if c.duck else "-",
+                     f"{c.spark.info.get('session_seconds', 0):.1f}" if c.spark else "-",
+                     f"{c.spark.info['seconds']:.1f}" if c.spark else "-", str(c.spark.info["batches"]) if c.spark else "-"])
+    out.append(md_table(["events", "keys", "query", "Wire CPU s", "Spark SS CPU s", "DuckDB CPU s", "Spark session start s",
+                         "Spark query s (cold)", "Spark batches"], rows, "lllrrrrrr"))
+
+    wires = [c for c in cases if c.wire]
+    if wires:
+        out.append("\n## Where Wire's time goes\n")
+        out.append("First the commands (wall s). Then per tick (from the Dagster instance's run records and event logs, and the "
+                   "manifests' creation times): the tick process's time outside runs (interpreter start, Dagster and PySpark "
+                   "imports, definitions, sensor evaluation, run bookkeeping); the runs it launched (one per requested partition) "
+                   "and their summed wall time; in the run that committed epochs: the time before its first epoch (reading offsets; "
+                   "the Spark session and JVM start too where runs create the session eagerly: where they start Spark on first "
+                   "use, it falls in the first epoch), from the first epoch's start to the last commit (Spark kernel, staging, "
+                   "manifest, commit, publish: all epochs; the run commits every pending epoch), and after it (partition report, "
+                   "watermark chart, metadata); a tick's first run when it had nothing to process (with an eager session, it "
+                   "paid the JVM start); and the other runs, which only report their partition (Dagster run overhead, publish "
+                   "check, chart).\n")
+        rows = []
+        for c in wires:
+            w = c.wire
+            rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, f"{sum(m.wall for m in w.produce):.1f}",
+                         f"{w.close.wall:.1f}", " + ".join(f"{m.wall:.1f}" for m in w.ticks), f"{w.final_tick.wall:.1f}" if w.final_tick else "-",
+                         f"{w.read.wall:.1f}", f"{w.e2e:.1f}"])
+        out.append(md_table(["events", "keys", "query", "produce s", "close s", "ticks s", "last (empty) tick s", "read s", "end to end s"],
+                            rows, "lllrrlrrr"))
+        out.append("")
+        rows = []
+        for c in wires:
+            for b in c.wire.breakdown:
+                rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, b["tick"], f"{b['wall']:.1f}",
+                             f"{b['outside_runs_s']:.1f}", b["runs"], f"{b['run_s']:.1f}", b["epochs"],
+                             f"{b['before_first_epoch_s']:.1f}" if b["epochs"] else "-", f"{b['epochs_s']:.1f}" if b["epochs"] else "-",
+                             f"{b['proc_after_s']:.1f}" if b["epochs"] else "-",
+                             f"{b['first_report_run_s']:.1f}" if b["first_report_run_s"] is not None else "-",
+                             b["report_runs"], f"{b['report_runs_s'] / b['report_runs']:.2f}" if b["report_runs"] else "-"])
+        out.append(md_table(["events", "keys", "query", "tick", "tick s", "outside runs s", "runs", "runs s", "epochs",
+                             "processing run: before epoch 1 s", "epochs s", "after the last commit s",
+                             "first run (no epoch) s", "reporting runs", "reporting run mean s"], rows, "lllrrrrrrrrrrrr"))
+        tot = sum(c.wire.e2e for c in wires)
+        tot_runs = sum(b["runs"] for c in wires for b in c.wire.breakdown)
+
+        def part(label: str, v: float) -> str:
+            return f"{label} {v:.0f} s ({100 * v / tot:.0f}%)"
+
+        bs = [b for c in wires for b in c.wire.breakdown]
+        parts = [
+            part("`wire produce`", sum(sum(m.wall for m in c.wire.produce) for c in wires)),
+            part("`wire close`", sum(c.wire.close.wall for c in wires)),
+            part("tick processes outside runs (start-up, imports, definitions, sensor)", sum(b["outside_runs_s"] for b in bs)),
+            part("processing runs before their first epoch", sum(b["before_first_epoch_s"] for b in bs)),
+            part("epochs (kernel and commit)", sum(b["epochs_s"] for b in bs)),
+            part("processing runs after their last commit", sum(b["proc_after_s"] for b in bs)),
+            part("first run of a tick with nothing to process",
+                 sum(b["first_report_run_s"] or 0 for b in bs)),
+            part("the other reporting runs", sum(b["report_runs_s"] for b in bs)),
+        ]
+        out.append(f"\nSummed over the Wire cases above ({tot:.0f} s end to end, {tot_runs} Dagster runs): " + "; ".join(parts) + ".")
+
+    sizes = sorted({c.cfg.events for c in cases})
+    if len(sizes) > 1:
+        out.append(f"\n## Scale {fmt_count(sizes[0])} → {fmt_count(sizes[-1])} events (time ratio; goal for Wire: <= "
+                   f"{1.1 * sizes[-1] / sizes[0]:.0f}×; peak memory should stay flat)\n")
+        rows = []
+        by = {(c.cfg.events, c.cfg.keys, c.q.name): c for c in cases}
+        for (n, k, qn), big in sorted(by.items()):
+            if n != sizes[-1] or (sizes[0], k, qn) not in by:
+                continue
+            small = by[(sizes[0], k, qn)]
+
+            def ratio(a, b):
+                return f"{a / b:.1f}×" if a and b else "-"
+
+            rows.append([fmt_count(k), qn,
+                         ratio(big.wire and big.wire.e2e, small.wire and small.wire.e2e),
+                         ratio(big.spark and big.spark.wall, small.spark and small.spark.wall),
+                         ratio(big.duck and big.duck.wall, small.duck and small.duck.wall),
+                         f"{mb(small.wire.peak)} → {mb(big.wire.peak)}" if big.wire and small.wire else "-",
+                         f"{mb(small.spark.peak)} → {mb(big.spark.peak)}" if big.spark and small.spark else "-"])
+        out.append(md_table(["keys", "query", "Wire", "Spark SS", "DuckDB", "Wire peak MB", "Spark peak MB"], rows, "llrrrrr"))
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1M", help="comma-separated event counts (all kinds): 1M, 10M, 20K ...")
+    ap.add_argument("--keys", default="1K", help="comma-separated key counts (auctions and bidders): 1K, 100K")
+    ap.add_argument("--queries", default="q5,q7,q11")
+    ap.add_argument("--seed", type=int, default=Config.seed)
+    ap.add_argument("--rate", type=int, default=Config.rate, help="events per second of event time")
+    ap.add_argument("--segments", type=int, default=Config.segments)
+    ap.add_argument("--chunk-rows", type=int, default=Config.chunk_rows, help="bids per chunk (Wire chunk, Spark file)")
+    ap.add_argument("--epoch-chunks", type=int, default=0, help="Wire max_chunks_per_epoch = Spark maxFilesPerTrigger "
+                    "(a multiple of --segments; default 2 rounds = 2 x segments)")
+    ap.add_argument("--partition", default="1m", help="Wire's event-time partition (Dagster partition) size")
+    ap.add_argument("--lateness", default="5s", help="Wire's allowed lateness (Spark's delay adds it)")
+    ap.add_argument("--no-dedup", action="store_true", help="no id field in Wire, no de-duplication in the peers")
+    ap.add_argument("--no-end", action="store_true", help="Wire pipelines without `end` (open-ended event-time partitions)")
+    ap.add_argument("--warm", action="store_true", help="also time Spark warm: a second process runs each query twice in one "
+                    "session (the second run is the warm figure)")
+    ap.add_argument("--sides", default="wire,spark,duckdb", help="which sides to run (development)")
+    ap.add_argument("--master", default=f"local[{cpu_count()}]")
+    ap.add_argument("--results", type=Path, default=HERE / "results", help="directory of the Markdown report")
+    args = ap.parse_args()
+
+    try:
+        sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
+        keys = [parse_count(s) for s in args.keys.split(",") if s.strip()]
+        queries = [QUERIES[x.strip()] for x in args.queries.split(",") if x.strip()]
+        sides = {x.strip() for x in args.sides.split(",") if x.strip()}
+        if not sides <= {"wire", "spark", "duckdb"} or not sides:
+            raise ValueError("--sides: choose among wire, spark, duckdb")
+        epoch_chunks = args.epoch_chunks or 2 * args.segments
+        if epoch_chunks % args.segments:
+            raise ValueError("--epoch-chunks: must be a multiple of --segments (whole rounds, so that Spark's batches "
+                             "never hold a later round's file before an earlier one's)")
+        cfgs = [Config(events=n, keys=k, seed=args.seed, rate=args.rate, segments=args.segments, chunk_rows=args.chunk_rows)
+                for n in sizes for k in keys]
+        bound = cfgs[0].disorder_bound_ms()
+        st = Settings(ooo_ms=-(-bound // 1000) * 1000, lateness_ms=parse_duration_ms(args.lateness), partition=args.partition,
+                      epoch_chunks=epoch_chunks, dedup=not args.no_dedup, master=args.master, bounded=not args.no_end)
+        from wire_dagster.spec import pipeline_from_dict
+
+        for q in queries:
+            pipeline_from_dict(pipeline_dict(q, cfgs[0], st))  # validates --partition etc. before anything runs
+    except (ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # WireInputError from the pipeline check
+        if e.__class__.__name__ == "WireInputError":
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    t_all = time.perf_counter()
+    load = LoadSampler().start()
+    cases: list[Case] = []
+    gen_notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0:
+        tmp = Path(tmpd)
+        server_pid = _server_pid(tmp)
+        for cfg in cfgs:
+            data = tmp / f"data-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
+            t0 = time.perf_counter()
+            man = write_dataset(cfg, data)
+            sentinel_ms = man["bid_time_max"] + 86_400_000
+            write_sentinel(data, sentinel_ms, len(man["bid_files"]))
+            gen_notes.append(f"{cfg.label}: generated in {time.perf_counter() - t0:.1f} s: {man['counts']['persons']:,} persons, "
+                             f"{man['counts']['auctions']:,} auctions, {man['counts']['bids']:,} bids over "
+                             f"{(man['bid_time_max'] - man['bid_time_min']) / 1000:,.0f} s of event time; measured disorder "
+                             f"{man['bid_disorder_ms']} ms (bound {man['disorder_bound_ms']} ms)")
+            log(gen_notes[-1])
+            # a fresh bucket, pipelines directory and Dagster instance per data set
+            cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
+            from wire_dagster.objectstore import ObjectStore
+
+            store = ObjectStore(cfg_s3)
+            store.ensure_bucket()
+            pdir = tmp / f"pipelines-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
+            pdir.mkdir()
+            for q in queries:
+                (pdir / f"{q.name}.yaml").write_text(yaml.safe_dump(pipeline_dict(q, cfg, st), sort_keys=False))
+            for name, key in (("persons", "state"), ("auctions", "category")):
+                (pdir / f"{name}.yaml").write_text(yaml.safe_dump(side_pipeline(name, key, cfg), sort_keys=False))
+            dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
+            env = dict(os.environ)
+            env.update(cfg_s3.export_env())
+            env.update({"WIRE_PIPELINES": str(pdir), "WIRE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(dhome),
+                        "PYSPARK_PYTHON": sys.executable, "WIRE_SPARK_MASTER": st.master})
+            env.pop("WIRE_SPARK_REMOTE", None)
+            if "wire" in sides:
+                t0 = time.perf_counter()
+                _land_side_streams(store, cfg, data, pdir)
+                gen_notes.append(f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments each, "
+                                 f"`streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s")
+            for q in queries:
+                c = Case(cfg, q, man, t_start=time.time())
+                log(f"{cfg.label}, {q.name}:")
+                if "wire" in sides:
+                    c.wire = run_wire(q, cfg, data, env, tmp, server_pid, log)
+                    c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
+                    _check_wire_counts(c, cfg)
+                    log(f"  wire: {c.wire.e2e:.1f} s end to end")
+                if "spark" in sides:
+                    c.spark = run_spark_peer(q, data, st, env, tmp, warm=args.warm)
+                    c.spark.result, n_sentinel = drop_sentinel(c.spark.result, sentinel_ms, q)
+                    if n_sentinel:
+                        c.problems.append(f"Spark SS emitted {n_sentinel} sentinel window(s)")
+                    log(f"  spark: {c.spark.wall:.1f} s (query {c.spark.info['seconds']:.1f} s, {c.spark.info['batches']} batches)")
+                if "duckdb" in sides:
+                    c.duck = run_duckdb_peer(q, data, st, env, tmp)
+                    log(f"  duckdb: {c.duck.wall:.1f} s")
+                c.t_end = time.time()
+                c.load = load.mean(c.t_start, c.t_end)
+                _compare(c)
+                cases.append(c)
+                for p in c.problems:
+                    log(f"  PROBLEM: {p}")
+    load.stop()
+    text = report(cases, st, args, time.perf_counter() - t_all, load, gen_notes, external_s3=server_pid is None)
+    print(text)
+    args.results.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+    path = args.results / f"compare-{now:%Y-%m-%d}.md"
+    if path.exists():  # a second run on the same day keeps the first one's report
+        path = args.results / f"compare-{now:%Y-%m-%d-%H%M}.md"
+    path.write_text(text)
+    log(f"report written to {path}")
+    if any(c.problems for c in cases):
+        log("RESULTS DIFFER: see the report")
+        return 1
+    return 0
+
+
+def _server_pid(tmp: Path) -> int | None:
+    """The embedded S3 server bench_store started under tmp (None when WIRE_S3_ENDPOINT points elsewhere)."""
+    f = tmp / "s3" / "weed.pid"
+    try:
+        return int(json.loads(f.read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _land_side_streams(store, cfg: Config, data: Path, pdir: Path) -> None:
+    from wire_dagster.spec import load_pipeline
+    from wire_dagster.streams import close_stream, produce
+
+    for name in ("persons", "auctions"):
+        spec = load_pipeline(pdir / f"{name}.yaml")
+        for s in range(cfg.segments):
+            f = data / "wire" / f"{name}-s{s}.parquet"
+            if f.exists():
+                rep = produce(store, spec, f, segment=str(s))
+                if rep.malformed:
+                    raise SystemExit(f"{name} segment {s}: {rep.malformed} malformed records")
+        close_stream(store, spec)
+
+
+def _check_wire_counts(c: Case, cfg: Config) -> None:
+    """Conservation, and the choice of watermark: every bid counted, none late, none duplicate."""
+    tot = c.wire.status.get("totals", {})
+    w = c.q.window_name
+    want = cfg.bids
+    got = (tot.get("events_in"), tot.get("counted", {}).get(w), tot.get("late", {}).get(w, 0), tot.get("duplicate", 0),
+           tot.get("malformed", 0))
+    if got != (want, want, 0, 0, 0):
+        c.problems.append(f"Wire counts (in, counted, late, duplicate, malformed) = {got}, expected ({want}, {want}, 0, 0, 0)")
+    pending = c.wire.status.get("pending_chunks", 0)
+    if pending:
+        c.problems.append(f"the sensor requested no more runs while {pending} chunks of the closed stream were still unread "
+                          f"(last committed epoch: {c.wire.status.get('epoch')})")
+
+
+def _compare(c: Case) -> None:
+    sides = [(n, r.result) for n, r in (("Wire", c.wire), ("Spark SS", c.spark), ("DuckDB", c.duck)) if r is not None]
+    for i in range(len(sides)):
+        for j in range(i + 1, len(sides)):
+            (na, a), (nb, b) = sides[i], sides[j]
+            d = diff(a, b)
+            c.equal[f"{na}={nb}"] = not d
+            if d:
+                c.problems.append(f"{na} vs {nb}: " + "; ".join(d))
+    if sides and sides[0][1].num_rows == 0:
+        c.problems.append("empty result")
+    if c.q.agg == "count":  # conservation: every bid counted once per window it belongs to
+        for name, r in (("Wire", c.wire), ("Spark SS", c.spark), ("DuckDB", c.duck)):
+            if r is not None and counted_bids(c.q, r.result) != c.cfg.bids:
+                c.problems.append(f"{name} counted {counted_bids(c.q, r.result):,.0f} bids of {c.cfg.bids:,}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -48,6 +48,7 @@ PIPELINE = {
     "lateness": {"allowed": "10s"},
     "partition": "1m",
     "start": "2026-01-01T00:00:00Z",
+    "end": "2026-01-02T00:00:00Z",  # bounded, as the examples: Dagster checks keys against 1,440 partitions, not ~500 K
     "windows": [
         {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)"}},
         {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},

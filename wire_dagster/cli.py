@@ -412,7 +412,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    _finalize_arrow_s3()
+    sys.exit(code)
+
+
+def _finalize_arrow_s3() -> None:
+    """Shut pyarrow's S3 layer down while the interpreter is still whole. Left to the exit
+    handlers, the AWS SDK's threads sometimes race the teardown and abort the process
+    (SIGABRT, "terminate called without an active exception": apache/arrow#41087, #36346) —
+    `wire read` exited -6 after printing its rows. Our cached filesystems go first."""
+    if "pyarrow.fs" not in sys.modules:
+        return
+    import gc
+
+    kernel = sys.modules.get("wire_dagster.kernel")
+    if kernel is not None:
+        kernel._FS_CACHE.clear()
+    gc.collect()
+    try:
+        sys.modules["pyarrow.fs"].finalize_s3()
+    except Exception:  # noqa: BLE001 - nothing left to do at exit; the exit code stands
+        pass
 
 
 if __name__ == "__main__":

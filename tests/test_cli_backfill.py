@@ -36,6 +36,8 @@ import pytest
 import yaml
 from conftest import run_wire
 
+from wire_dagster.timeutil import parse_iso
+
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S, M = 1000, 60_000
 NAME = "bfill"
@@ -74,12 +76,6 @@ def make_events() -> list[dict]:
     for i, e in enumerate(evs):
         e["eid"] = f"e{i}"
     return evs
-
-
-def parse_iso(s: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def partition_of(end: int) -> int:

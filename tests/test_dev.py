@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from dagster_stack import wait_until
 
 START_TIMEOUT = 240  # dagster dev loads the code location in three Python processes on a loaded machine
 STOP_TIMEOUT = 90  # wire dev: SIGTERM to dagster dev's group (20 s grace, then SIGKILL), then the S3 server's
@@ -49,20 +50,6 @@ def free_port() -> int:
 
 def wire_exe() -> str:
     return shutil.which("wire", path=str(Path(sys.executable).parent)) or "wire"
-
-
-def wait_until(cond, timeout: float, what: str, alive=lambda: None, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        dead = alive()
-        if dead:
-            raise AssertionError(f"{what}: {dead}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout:.0f}s")
-        time.sleep(every)
 
 
 def location_loaded(port: int) -> bool:

@@ -158,18 +158,14 @@ def _tick(spec) -> list[dict]:
 
 def _parse_time(value: str | None, flag: str) -> int | None:
     """An ISO-8601 time for --from/--to (a time without a zone is UTC) -> epoch ms."""
-    from datetime import datetime, timezone
-
     if value is None:
         return None
-    s = value.strip()
+    from .timeutil import parse_iso
+
     try:
-        dt = datetime.fromisoformat(s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s)
+        return parse_iso(value, assume_utc=True)
     except ValueError:
         raise WireInputError(f"{flag}: {value!r} is not an ISO-8601 time (e.g. 2026-01-01T00:00:00Z)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1000)
 
 
 @app.command()

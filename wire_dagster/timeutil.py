@@ -47,14 +47,17 @@ def format_duration(ms: int) -> str:
     return f"{ms}ms"
 
 
-def parse_iso(text: str) -> int:
-    """ISO-8601 with a zone -> epoch ms. Raises ValueError for naive or unparsable times."""
+def parse_iso(text: str, assume_utc: bool = False) -> int:
+    """ISO-8601 with a zone -> epoch ms. Raises ValueError for unparsable times, and for naive
+    ones unless `assume_utc` (then a time without a zone is UTC)."""
     s = text.strip()
     if s.endswith(("Z", "z")):
         s = s[:-1] + "+00:00"
     dt = datetime.fromisoformat(s)
     if dt.tzinfo is None:
-        raise ValueError("naive time (no zone)")
+        if not assume_utc:
+            raise ValueError("naive time (no zone)")
+        dt = dt.replace(tzinfo=timezone.utc)
     return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
-from .kernel import DEAD_LETTER, read_events, run_epoch
+from .kernel import DEAD_LETTER, Stored, read_events, run_epoch
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import ChunkMeta, read_stream
@@ -43,6 +43,18 @@ def _read_table(store: ObjectStore, ref: FileRef | None) -> pa.Table | None:
     if ref is None:
         return None
     return pq.read_table(io.BytesIO(store.get(ref.key)))
+
+
+def _stored(store: ObjectStore, ref: FileRef | None) -> Stored | None:
+    """A staged file for the executors to read (None when absent or empty)."""
+    return Stored(store.fs_options(), store.bucket, ref.key) if ref is not None and ref.rows else None
+
+
+def _min_start(store: ObjectStore, ref: FileRef | None) -> int | None:
+    """The earliest window start of a state file: its `start` column only, on the driver."""
+    if ref is None or not ref.rows:
+        return None
+    return pc.min(pq.read_table(io.BytesIO(store.get(ref.key)), columns=["start"])["start"]).as_py()
 
 
 def partition_starts(spec: Pipeline, ends: pa.Array) -> pa.Array:
@@ -163,8 +175,10 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
         from .sparksession import get_spark
 
         spark = get_spark()
-    state = {w.name: _read_table(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
-    ids = _read_table(store, prev.ids) if prev else None
+    # The carried state is read by the executors, not shipped from the driver (it can hold
+    # millions of open windows).
+    state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
+    ids = _stored(store, prev.ids) if prev else None
     pause("before-spark")
     try:
         events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
@@ -199,11 +213,8 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
                     changed[w.name].append(p)
                 parts[str(p)] = ref
     # partitions that became ready in this epoch are "changed" too, even if empty
-    lo_t = min(
-        [c.min_t for c in chunks if c.min_t is not None]
-        + [pc.min(t["start"]).as_py() for t in state.values() if t is not None and t.num_rows],
-        default=None,
-    )
+    state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev else []
+    lo_t = min([c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None)
     became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
     for w in spec.windows:
         changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))

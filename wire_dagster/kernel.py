@@ -10,9 +10,10 @@ watermarks `W_{N-1}` and `W_N`, it computes (DESIGN §1):
   windows, i.e. every one has ``end + lateness <= W_{N-1}``) and ``duplicate``;
 - the counts that must balance: ``in = counted + late + duplicate`` per window.
 
-Events are read from the object store on the executors (``mapInArrow`` with
-pyarrow's S3 filesystem); only results, state and dead letters — bounded by
-window state, not by input — come back to the driver, as Arrow tables.
+Events, and the window state and id memory carried from N-1, are read from the
+object store on the executors (``mapInArrow`` with pyarrow's S3 filesystem); only
+results, the new state and dead letters — bounded by window state, not by input —
+come back to the driver, as Arrow tables, which stages them.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ DEAD_LETTER = pa.schema(
 # Id memory: an id with its event's key and time, so that it can be kept while the
 # session that counted it stays open (sessions can outlive `t + extent + lateness`).
 IDS = pa.schema([("id", pa.string()), ("expires", pa.int64()), ("key", pa.string()), ("t", pa.int64())])
+IDS_DDL = "id STRING, expires BIGINT, key STRING, t BIGINT"
 
 
 def _partial_exprs(F, w: WindowSpec):
@@ -202,11 +204,24 @@ def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
     return to_arrow_schema(_parse_datatype_string(ddl))
 
 
-def _state_df(spark, w: WindowSpec, table: pa.Table | None):
-    ddl = state_ddl(w)
-    if table is None or table.num_rows == 0:
+@dataclass(frozen=True)
+class Stored:
+    """A Parquet object of the store (window state, id memory) that the executors read
+    themselves, like the chunks: the driver never holds it, so a large state costs no
+    driver memory and no task carries it."""
+
+    fs_options: dict = field(repr=False)  # carries the store's credentials: never printed
+    bucket: str
+    key: str
+
+
+def _frame(spark, ddl: str, src: pa.Table | Stored | None):
+    """A DataFrame of `ddl` columns: from the store on the executors, or from a driver table."""
+    if isinstance(src, Stored):
+        return read_parquet_keys(spark, src.fs_options, src.bucket, [(src.key,)], _ddl_to_arrow(spark, ddl), [])
+    if src is None or src.num_rows == 0:
         return spark.createDataFrame([], ddl)
-    return spark.createDataFrame(table.cast(_ddl_to_arrow(spark, ddl)))
+    return spark.createDataFrame(src.cast(_ddl_to_arrow(spark, ddl)))
 
 
 # The kernel's Spark jobs are few on purpose: an epoch's fixed cost is a few hundred ms per
@@ -219,12 +234,13 @@ def run_epoch(
     spark,
     spec: Pipeline,
     events_df,
-    state: dict[str, pa.Table | None],
-    ids: pa.Table | None,
+    state: dict[str, pa.Table | Stored | None],
+    ids: pa.Table | Stored | None,
     w_prev: int,
     w_new: int,
 ) -> EpochResult:
-    """Process one epoch's events (a DataFrame from `read_events`)."""
+    """Process one epoch's events (a DataFrame from `read_events`). The carried window state
+    and id memory are Arrow tables or `Stored` objects the executors read."""
     from pyspark.sql import Window as SW
     from pyspark.sql import functions as F
 
@@ -232,7 +248,7 @@ def run_epoch(
     dead = []
     seen = None
     if spec.id_field:
-        seen = spark.createDataFrame(ids.cast(IDS) if ids is not None and ids.num_rows else [], "id STRING, expires BIGINT, key STRING, t BIGINT")
+        seen = _frame(spark, IDS_DDL, ids)
         order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
         ev = ev.withColumn("_rn", F.row_number().over(order)).join(
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
@@ -275,13 +291,13 @@ def _epoch(spark, F, SW, spec: Pipeline, cached: list, dead: list, state, seen, 
         fresh = ev.select(F.col(ID).alias("id"), (F.col(TIME) + ext).alias("expires"), F.col(KEY).alias("key"), F.col(TIME).alias("t"))
         ids_df = seen.unionByName(fresh)  # disjoint: `fresh` holds neither seen ids nor repeats
 
-    parts = {}
+    parts, kept = {}, {}
     for w in spec.windows:
-        st = _state_df(spark, w, state.get(w.name))
+        st = _frame(spark, state_ddl(w), state.get(w.name))
         if w.type == "session":
-            parts[w.name], late_df = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new, cached)
+            parts[w.name], late_df, kept[w.name] = _session(spark, F, SW, spec, w, ev, st, w_prev, w_new, cached)
         else:
-            parts[w.name], late_df = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
+            parts[w.name], late_df, kept[w.name] = _fixed(spark, F, spec, w, ev, st, w_prev, w_new)
         dead.append(_dead(F, late_df, spec, "late", w.name))
 
     d = dead[0]
@@ -300,7 +316,7 @@ def _epoch(spark, F, SW, spec: Pipeline, cached: list, dead: list, state, seen, 
         # a retried event would otherwise touch the open session and be counted again.
         for w in spec.windows:
             if w.type == "session":
-                s = _state_df(spark, w, results[w.name].state).select(
+                s = kept[w.name].select(
                     F.col("key").alias("_sk"), F.col("start").alias("_ss"), F.col("end").alias("_se")
                 )
                 inside = F.col("key").eqNullSafe(F.col("_sk")) & (F.col("_ss") <= F.col("t")) & (F.col("t") < F.col("_se"))
@@ -383,7 +399,7 @@ def _fixed(spark, F, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: 
         (F.col("end") + F.lit(L) > F.lit(w_new)).alias("_keep"),
         F.lit(False).alias("_retract"),
     ).filter(F.col("_fire") | F.col("_keep"))
-    return _collect_split(spark, F, w, flagged), late_df
+    return _collect_split(spark, F, w, flagged), late_df, flagged.filter(F.col("_keep"))
 
 
 def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w_new: int, cached: list):
@@ -431,10 +447,12 @@ def _session(spark, F, SW, spec: Pipeline, w: WindowSpec, ev, st, w_prev: int, w
         ((F.col("end") <= F.lit(w_new)) & (F.col("_touched") | (F.col("end") > F.lit(w_prev)))).alias("_fire"),
         (F.col("end") + F.lit(L) > F.lit(w_new)).alias("_keep"),
         F.lit(False).alias("_retract"),
-    ).filter(F.col("_fire") | F.col("_keep")).unionByName(
+    ).filter(F.col("_fire") | F.col("_keep"))
+    kept = flagged.filter(F.col("_keep"))  # the new state, for the id memory (recomputed from `pieces`)
+    flagged = flagged.unionByName(
         retracted.withColumn("_fire", F.lit(False)).withColumn("_keep", F.lit(False)).withColumn("_retract", F.lit(True))
     )
-    return _collect_split(spark, F, w, flagged), late_df
+    return _collect_split(spark, F, w, flagged), late_df, kept
 
 
 def table_bytes(t: pa.Table) -> bytes:

@@ -135,10 +135,10 @@ def test_idle_segment_stops_holding_w_after_idle_timeout_of_now():
 
 def test_segment_with_unread_chunks_is_not_idle():
     s = Stream(pipeline(), segments=("a", "b"))
-    s.append("a", 1000)
+    s.append("a", 400)
     s.append("b", 500, ingest=NOW0)
     s.append("b", 900, ingest=NOW0)
-    # budget 1, round-robin: a's chunk is taken, b waits — and b is not idle however late `now` is
+    # budget 1: a's chunk starts first and is taken, b waits — and b is not idle however late `now` is
     views = s.views()
     taken = select_chunks(views, {}, 1)
     assert [c.seq for c in taken["a"]] == [0] and taken["b"] == []
@@ -233,6 +233,25 @@ def test_select_chunks_round_robin_budget():
     got = select_chunks(views, {}, 4)
     assert {s: [c.seq for c in cs] for s, cs in got.items()} == {"a": [0, 1], "b": [0], "c": [0]}
     assert sum(len(v) for v in select_chunks(views, {}, 100).values()) == 6
+
+
+def test_select_chunks_keeps_segments_aligned_in_event_time():
+    """Epoch after epoch with an odd budget, no segment runs ahead of the other: a fixed share
+    per segment (round-robin from the first) would put `a` one chunk further ahead each epoch,
+    and with it the window state the watermark (held by `b`) cannot purge yet."""
+    chunks = {s: [chunk(s, i, i * 100 + 99, min_t=i * 100) for i in range(40)] for s in ("a", "b")}
+    read = {"a": 0, "b": 0}
+    for _ in range(12):
+        views = {s: SegmentView(s, cs[read[s]:], None) for s, cs in chunks.items()}
+        taken = select_chunks(views, read, 5)
+        assert sum(len(v) for v in taken.values()) == 5
+        for s, cs in taken.items():
+            assert [c.seq for c in cs] == list(range(read[s], read[s] + len(cs)))
+            read[s] += len(cs)
+        assert abs(read["a"] - read["b"]) <= 1, read
+    # a segment that is behind in event time is read first, whatever its name
+    views = {"a": SegmentView("a", chunks["a"][10:], None), "b": SegmentView("b", chunks["b"][3:], None)}
+    assert {s: len(v) for s, v in select_chunks(views, {}, 4).items()} == {"a": 0, "b": 4}
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)

@@ -49,15 +49,23 @@ class EpochClock:
 
 
 def select_chunks(views: dict[str, SegmentView], offsets: dict[str, int], budget: int) -> dict[str, list[ChunkMeta]]:
-    """Back-pressure: at most `budget` chunks, taken round-robin across segments in order."""
+    """Back-pressure: at most `budget` chunks, the segments kept aligned in event time.
+
+    The next chunk taken is always the segment head that starts earliest (`min_t`; a chunk
+    with no valid event first), then the segment with fewer chunks taken so far, then the
+    segment's name. Taking a fixed share per segment instead (round-robin from the first
+    segment) lets one segment run ahead epoch after epoch: the watermark, the minimum over
+    segments, stays with the slowest, and the window state of the events read ahead grows
+    with the backlog (DESIGN §1: memory never grows with the backlog).
+    """
     queues = {s: list(v.chunks) for s, v in sorted(views.items())}
     out: dict[str, list[ChunkMeta]] = {s: [] for s in queues}
-    taken = 0
-    while taken < budget and any(queues.values()):
-        for s, q in queues.items():
-            if q and taken < budget:
-                out[s].append(q.pop(0))
-                taken += 1
+    for _ in range(budget):
+        heads = [(q[0].min_t if q[0].min_t is not None else NEG_INF, len(out[s]), s) for s, q in queues.items() if q]
+        if not heads:
+            break
+        s = min(heads)[2]
+        out[s].append(queues[s].pop(0))
     return out
 
 

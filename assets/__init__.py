@@ -84,6 +84,10 @@ def pipeline_tags(spec: Pipeline) -> dict[str, str]:
     return {"wire/pipeline": spec.name}
 
 
+#: Dagster's run tags for a range of partitions in one run (single-run backfills, sensor runs of an epoch).
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+
 #: Run tags that make a run a backfill: Dagster's own (UI / GraphQL backfills) and `wire backfill`'s.
 BACKFILL_TAGS = ("dagster/backfill", "wire/backfill")
 

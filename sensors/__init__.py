@@ -1,18 +1,19 @@
 """Watermark sensors and schedules: small factories over the core planner.
 
 A sensor reads the stream's offsets and watermark (`wire_dagster.planner.plan`)
-and returns `SensorResult(run_requests, cursor)`: one run per partition that
-became ready or that late data changes, keyed by (pipeline, epoch, partition)
-so a tick never launches twice, and a cursor that moves only with committed
+and returns `SensorResult(run_requests, cursor)`: one run per epoch, over the
+partitions it makes ready or that late data changes (one partition, or a range
+tagged as Dagster's single-run backfills are), keyed by (pipeline, epoch,
+partitions) so a tick never launches twice, and a cursor that moves only with committed
 epochs. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
 """
 
 
 import dagster as dg
 
-from assets import partition_key, pipeline_tags
+from assets import RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags
 from resources import ObjectStoreResource
-from wire_dagster.planner import plan
+from wire_dagster.planner import plan, spans
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
 
@@ -26,21 +27,29 @@ def job_name(spec: Pipeline) -> str:
 
 
 def run_requests(spec: Pipeline, store, cursor: str | None) -> tuple[list[dg.RunRequest], str, str]:
-    """The run requests of one evaluation, the new cursor, and a one-line summary."""
+    """The run requests of one evaluation (one per epoch: a partition, or a range of them, as
+    Dagster's single-run backfills tag it), the new cursor, and a one-line summary."""
     p = plan(store, spec, cursor)
-    reqs = [
-        dg.RunRequest(
-            run_key=r.run_key(spec.name),
-            partition_key=partition_key(spec, r.partition),
-            tags={**pipeline_tags(spec), "wire/epoch": str(r.epoch), "wire/reason": r.reason},
-        )
-        for r in p.requests
-    ]
+    reqs = []
+    for s in spans(p.requests):
+        tags = {**pipeline_tags(spec), "wire/epoch": str(s.epoch), "wire/reason": ",".join(s.reasons)}
+        if s.first == s.last:
+            reqs.append(dg.RunRequest(run_key=s.run_key(spec.name), partition_key=partition_key(spec, s.first), tags=tags))
+        else:
+            tags.update({RANGE_START_TAG: partition_key(spec, s.first), RANGE_END_TAG: partition_key(spec, s.last)})
+            reqs.append(dg.RunRequest(run_key=s.run_key(spec.name), tags=tags))
     summary = (
         f"epoch {p.committed_epoch}, W {iso(p.watermark)} -> predicted {iso(p.predicted_watermark)}, "
-        f"{p.pending_chunks} chunks pending, {len(reqs)} run requests"
+        f"{p.pending_chunks} chunks pending, {len(p.requests)} partitions in {len(reqs)} run requests"
     )
     return reqs, p.cursor, summary
+
+
+def request_partitions(rr: dg.RunRequest) -> str:
+    """A run request's partition or range of partitions, for display."""
+    if rr.partition_key is not None:
+        return rr.partition_key
+    return f"{rr.tags[RANGE_START_TAG]}..{rr.tags[RANGE_END_TAG]}"
 
 
 def build_sensor(spec: Pipeline, job) -> dg.SensorDefinition:

@@ -17,14 +17,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import BACKFILL_PROGRESS, partition_key, pipeline_tags, window_key
+from assets import BACKFILL_PROGRESS, RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags, window_key
 from sensors import job_name
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
-
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 def backfill(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from sensors import job_name, sensor_name
+from sensors import job_name, request_partitions, sensor_name
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
@@ -37,12 +37,12 @@ def tick(spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int,
         if existing and existing[0].is_success:
             # As the daemon does: a run key that already ran launches nothing.
             if console is not None:
-                console.print(f"skipped {rr.run_key} (partition {rr.partition_key}): already ran as {existing[0].run_id}")
+                console.print(f"skipped {rr.run_key} (partition {request_partitions(rr)}): already ran as {existing[0].run_id}")
             if progress is not None:
                 progress(i, len(reqs))
             continue
         if console is not None:
-            console.print(f"running {rr.run_key} (partition {rr.partition_key})")
+            console.print(f"running {rr.run_key} (partition {request_partitions(rr)})")
         res = job.execute_in_process(
             instance=instance,
             partition_key=rr.partition_key,
@@ -57,7 +57,7 @@ def tick(spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int,
                     err = getattr(ev.event_specific_data, "error", None)
                     if err is not None:
                         console.print(f"  {err.cls_name}: {err.message.strip().splitlines()[0]}")
-        done.append({"run_key": rr.run_key, "partition": rr.partition_key, "status": status, "run_id": res.run_id})
+        done.append({"run_key": rr.run_key, "partition": request_partitions(rr), "status": status, "run_id": res.run_id})
         if progress is not None:
             progress(i, len(reqs))
     if result.cursor is not None:

@@ -289,14 +289,14 @@ class Stack:
         runs = self.runs()
         failed = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
         if failed:
-            raise AssertionError(f"sensor runs failed: {[(r['runId'], r['tags'].get('dagster/partition')) for r in failed]}\n"
+            raise AssertionError(f"sensor runs failed: {[(r['runId'], run_partitions(r)) for r in failed]}\n"
                                  f"dagster dev log tail:\n{self.procs[-1].tail(6000)}")
         if not runs or any(r["status"] in ACTIVE for r in runs):
             return None
         m, versions = self.committed_versions()
         if m is None or m.watermark < INF:
             return None
-        parts = sorted({r["tags"]["dagster/partition"] for r in runs})
+        parts = sorted({pk for r in runs for pk in run_partitions(r)})
         if not self.to_report() <= set(parts):
             return None  # a committed epoch whose partitions the sensor has not asked for yet
         mats = {}
@@ -316,6 +316,16 @@ class Stack:
         self.stopped = True
         left = {p.name: p.stop() for p in reversed(self.procs)}
         assert not any(left.values()), f"processes left after killing their groups: {left}"
+
+
+def run_partitions(run: dict) -> list[str]:
+    """The partition keys a run reports: its partition, or every one of its range (a sensor run
+    for an epoch, or a single-run backfill)."""
+    t = run["tags"]
+    if "dagster/asset_partition_range_start" in t:
+        lo, hi = partition_ms(t["dagster/asset_partition_range_start"]), partition_ms(t["dagster/asset_partition_range_end"])
+        return [partition_key(p) for p in range(lo, hi + M, M)]
+    return [t["dagster/partition"]]
 
 
 def partition_key(p: int) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dagster_stack import NAME, T0, M, partition_key, partition_ms, wait_until
+from dagster_stack import NAME, T0, M, partition_key, partition_ms, run_partitions, wait_until
 
 BACKFILL_TIMEOUT = 360  # the backfill daemon wakes every 30 s; one run per contiguous range
 
@@ -98,12 +98,7 @@ def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> N
     bruns = wait_until(backfill_done, BACKFILL_TIMEOUT, f"backfill {bid} finishes", st.alive, every=2.0)
     # Single-run backfill policy: one run per contiguous range of the requested partitions, each
     # replaying the timeline once; together they cover exactly the requested partitions.
-    covered = []
-    for r in bruns:
-        t = r["tags"]
-        lo, hi = (t["dagster/asset_partition_range_start"], t["dagster/asset_partition_range_end"]) if "dagster/asset_partition_range_start" in t \
-            else (t["dagster/partition"], t["dagster/partition"])
-        covered += [partition_key(p) for p in range(partition_ms(lo), partition_ms(hi) + 1, M)]
+    covered = [pk for r in bruns for pk in run_partitions(r)]
     assert sorted(covered) == sorted(parts)
     idx = sorted(partition_ms(pk) for pk in parts)
     assert len(bruns) == 1 + sum(1 for a, b in itertools.pairwise(idx) if b != a + M), [r["tags"] for r in bruns]

@@ -55,8 +55,9 @@ def key_of(p: int) -> str:
     return f"2026-01-01T00:{(p - T0) // M:02d}:00.000Z"
 
 
-def run_key(epoch: int, p: int) -> str:
-    return f"sens:e{epoch}:{key_of(p)}"
+def run_key(epoch: int, p: int, last: int | None = None) -> str:
+    """One run per epoch: `sens:e<epoch>:<partition>`, or `...:<first>..<last>` for a range."""
+    return f"sens:e{epoch}:{key_of(p)}" + (f"..{key_of(last)}" if last is not None and last != p else "")
 
 
 def dagster_partition(p: int) -> str:
@@ -123,6 +124,22 @@ def keys(result: dg.SensorResult) -> list[str]:
     return [r.run_key for r in result.run_requests or []]
 
 
+def covered(result: dg.SensorResult) -> list[tuple[int, str]]:
+    """(epoch, Dagster partition key) of every partition the requested runs report: a run's
+    own partition, or each one of its range (Dagster's single-run backfill tags)."""
+    out = []
+    for r in result.run_requests or []:
+        n = int(r.tags["wire/epoch"])
+        if r.partition_key is not None:
+            assert "dagster/asset_partition_range_start" not in r.tags
+            out.append((n, r.partition_key))
+        else:
+            lo, hi = r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]
+            ps = [dagster_partition(T0 + k * M) for k in range(60)]
+            out += [(n, p) for p in ps[ps.index(lo): ps.index(hi) + 1]]
+    return out
+
+
 def produce_events(store, spec, tmp: Path, name: str, events: list[dict]) -> None:
     from wire_dagster.streams import produce
 
@@ -161,8 +178,9 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     expected = [T0 + k * P for k in range(10) if ready(w1, T0 + k * P)]
     assert expected == [T0 + k * M for k in range(4)]
     r1 = evaluate(sensor, s3_env, None)
-    assert keys(r1) == [run_key(1, p) for p in expected]
-    assert [r.partition_key for r in r1.run_requests] == [dagster_partition(p) for p in expected]
+    # one run for the epoch, over the range of its ready partitions
+    assert keys(r1) == [run_key(1, expected[0], expected[-1])]
+    assert covered(r1) == [(1, dagster_partition(p)) for p in expected]
     assert {r.tags["wire/epoch"] for r in r1.run_requests} == {"1"}
     assert {r.tags["wire/pipeline"] for r in r1.run_requests} == {"sens"}
     # (c) no run has committed: the cursor stays at epoch 0, and a second evaluation asks for the same runs.
@@ -266,6 +284,20 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
         cursor = r.cursor
     assert seen[0] == (1, "2026-01-01-00:00", "progress")  # nothing ready yet: the first partition
     # W passed 00:10 in some epoch: from then on the hour was requested as ready (or as committed)
-    assert any(p == "2026-01-01-00:00" and why in ("ready", "committed") for _, p, why in seen), seen
+    assert any(p == "2026-01-01-00:00" and {"ready", "committed"} & set(why.split(",")) for _, p, why in seen), seen
     r = evaluate(sens, s3_env, cursor)
-    assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if q.tags["wire/reason"] == "progress"]
+    assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if "progress" in q.tags["wire/reason"].split(",")]
+
+
+def test_one_run_per_epoch_over_its_partition_range():
+    """The planner's requests become one run per epoch, from its first to its last partition
+    (partitions in between are ready too: W is monotonic), with every reason it had."""
+    from wire_dagster.planner import Request, spans
+
+    reqs = [Request(1, T0, "ready"), Request(1, T0 + 2 * M, "late"), Request(2, T0 + 3 * M, "ready"), Request(1, T0 + M, "ready")]
+    got = [(s.epoch, s.first, s.last, s.reasons, s.run_key("sens")) for s in spans(reqs)]
+    assert got == [
+        (1, T0, T0 + 2 * M, ("late", "ready"), run_key(1, T0, T0 + 2 * M)),
+        (2, T0 + 3 * M, T0 + 3 * M, ("ready",), run_key(2, T0 + 3 * M)),
+    ]
+    assert run_key(1, T0, T0 + 2 * M) == "sens:e1:2026-01-01T00:00:00.000Z..2026-01-01T00:02:00.000Z"

@@ -4,9 +4,10 @@ A partition P = [p_start, p_end) is *ready* when W >= p_end and *final* when
 W >= p_end + allowed_lateness. The planner returns one request per partition
 and epoch: for every committed epoch after the cursor, the partitions it
 changed (or made ready); and for the pending chunks, the partitions the next
-epoch will make ready or that late data in them can change. A request is keyed
-by (pipeline, epoch, partition), so a planned request and the same epoch's
-committed change coincide and one tick never launches twice. The cursor is
+epoch will make ready or that late data in them can change. `spans` groups them
+into one run per epoch over the range of its partitions, keyed by (pipeline,
+epoch, first, last), so a planned run and the same epoch's committed change
+coincide when they cover the same partitions, and one tick never launches twice. The cursor is
 the last committed epoch seen: it moves only with commits.
 """
 
@@ -30,7 +31,39 @@ class Request:
     reason: str  # committed | ready | late | progress
 
     def run_key(self, pipeline: str) -> str:
-        return f"{pipeline}:e{self.epoch}:{iso(self.partition)}"
+        return run_key(pipeline, self.epoch, self.partition, self.partition)
+
+
+def run_key(pipeline: str, epoch: int, first: int, last: int) -> str:
+    """`<pipeline>:e<epoch>:<partition>` for one partition, `...:<first>..<last>` for a range."""
+    return f"{pipeline}:e{epoch}:{iso(first)}" + (f"..{iso(last)}" if last != first else "")
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """One run: an epoch and the consecutive partitions [first, last] it reports (every one of
+    them is ready: the requested ones are, and W is monotonic)."""
+
+    epoch: int
+    first: int
+    last: int
+    reasons: tuple[str, ...]
+
+    def run_key(self, pipeline: str) -> str:
+        return run_key(pipeline, self.epoch, self.first, self.last)
+
+
+def spans(requests: list[Request]) -> list[RunSpan]:
+    """One run per epoch, covering the range of its requested partitions: a run commits every
+    pending epoch and reports each partition of its range, so one run per partition would
+    mostly be runs that only report."""
+    by: dict[int, list[Request]] = {}
+    for r in requests:
+        by.setdefault(r.epoch, []).append(r)
+    return [
+        RunSpan(n, min(r.partition for r in rs), max(r.partition for r in rs), tuple(sorted({r.reason for r in rs})))
+        for n, rs in sorted(by.items())
+    ]
 
 
 @dataclass(frozen=True)

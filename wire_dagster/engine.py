@@ -213,7 +213,8 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
                     changed[w.name].append(p)
                 parts[str(p)] = ref
     # partitions that became ready in this epoch are "changed" too, even if empty
-    state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev else []
+    # lo_t only bounds a first finite watermark: read the state's starts only then.
+    state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev and w_prev <= NEG_INF else []
     lo_t = min([c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None)
     became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
     for w in spec.windows:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from dagster_stack import wait_until
 
 from wire_dagster.embedded import EmbeddedS3, default_home, resolve_s3
 from wire_dagster.errors import ObjectStoreError
@@ -80,18 +81,19 @@ def test_start_twice_reuses_the_process(server: EmbeddedS3) -> None:
     assert server.running()
 
 
-def group_gone(pgid: int, timeout: float = 10) -> bool:
-    """True once the kernel knows no process of group `pgid`. `stop` returns when only zombies are
-    left; one whose parent died (a child of weed) waits for init to reap it: allow it a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
+def group_gone(pgid: int) -> bool:
+    """True once the kernel knows no process of group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def wait_group_gone(pgid: int) -> None:
+    """`stop` returns when only zombies are left in the group; one whose parent died (a child of
+    weed, or the server after its `start` process) waits for init to reap it: allow it a moment."""
+    wait_until(lambda: group_gone(pgid), 10, f"process group {pgid} gone", every=0.1)
 
 
 def test_outage_then_restart_keeps_data(server: EmbeddedS3) -> None:
@@ -103,7 +105,7 @@ def test_outage_then_restart_keeps_data(server: EmbeddedS3) -> None:
     t0 = time.monotonic()
     server.stop()
     stop_s = time.monotonic() - t0
-    assert group_gone(pgid)  # nothing left in its process group
+    wait_group_gone(pgid)  # nothing left in its process group
     assert not server.pid_file.exists()
     assert server.config is None and not server.running()
 
@@ -182,8 +184,7 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
         assert status.returncode == 0 and cfg.endpoint in status.stdout
         stopped = run("stop")
         assert stopped.returncode == 0, stopped.stderr
-        # the server's parent (the `start` process) is gone, so init reaps it
-        assert group_gone(pgid)
+        wait_group_gone(pgid)
         assert run("status").returncode == 1
     finally:
         srv.stop()

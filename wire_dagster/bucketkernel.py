@@ -1,0 +1,303 @@
+"""The windows of one key bucket for one epoch, vectorised: DuckDB SQL over Arrow tables.
+
+Spark distributes an epoch by key bucket (`kernel.run_epoch` cogroups the epoch's events
+with the carried window state and id memory, both by ``pmod(xxhash64(key), buckets)``); each
+bucket's windows are then computed here, in one Python worker, by DuckDB on Arrow — a
+columnar engine on each executor instead of Spark's row-at-a-time aggregation.
+
+The semantics are those of DESIGN §1 and of `tests/reference.py`, expression for expression:
+
+- fixed windows (tumbling, sliding): an event counts toward each of its windows with
+  ``end + L > W_{N-1}`` and is late for the window if none has;
+- sessions: an event's one-event window counts if ``end + L > W_{N-1}`` or if it touches
+  an open session of its key; pieces (open sessions + one-event windows) are merged per key
+  by a sweep over (start, end); a fired session whose bounds changed is retracted;
+- a window fires when ``end <= W_N`` and it is new past ``W_{N-1}`` or touched in N, and is
+  kept while ``end + L > W_N``;
+- ids are remembered until ``t + extent + L``, or longer while a session holding them is open.
+
+Nothing here imports Spark: `bucket_epoch` is a pure function of Arrow tables (tests call
+it directly), and `pack`/`unpack` carry its tables through Spark as Arrow IPC bytes.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .aggregates import SCALE, partial_columns, source_column
+from .spec import Aggregate, Pipeline, WindowSpec, field_column
+from .streams import ID, KEY, ROW, TIME
+
+# Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
+SEG, SEQ = "_seg", "_seq"
+IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
+DEC = f"DECIMAL(38,{SCALE})"
+# One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
+PACKED_DDL = "kind STRING, w STRING, data BINARY"
+
+
+def side_column(i: int, c: str) -> str:
+    """The side table's name for partial column `c` of window number `i`."""
+    return f"w{i}__{c}"
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _partials(w: WindowSpec) -> list[str]:
+    return [c for a in w.aggregates for c, _ in partial_columns(a)]
+
+
+def _to_decimal(src: str) -> str:
+    # Through the shortest decimal string, rounded half-up, as Spark casts a double.
+    return f"CAST(CAST({src} AS VARCHAR) AS {DEC})"
+
+
+def _event_partials(w: WindowSpec) -> str:
+    """Partials of one event (column expressions over the events table)."""
+    cols = []
+    for a in w.aggregates:
+        src = _q(source_column(a)) if a.field else None
+        for c, _ in partial_columns(a):
+            if c.endswith("_n"):
+                e = "1::BIGINT"
+            elif c.endswith("_s"):
+                e = _to_decimal(src)
+            elif c.endswith("_nn"):
+                e = f"(CASE WHEN {src} IS NOT NULL THEN 1 ELSE 0 END)::BIGINT"
+            elif c.endswith("_m"):
+                e = f"CAST({src} AS DOUBLE)"
+            else:
+                e = f"(CASE WHEN {src} IS NOT NULL THEN [CAST({src} AS VARCHAR)] ELSE []::VARCHAR[] END)"
+            cols.append(f"{e} AS {_q(c)}")
+    return ", ".join(cols)
+
+
+def _merge(w: WindowSpec) -> str:
+    """Aggregations merging partial rows into one."""
+    out = []
+    for a in w.aggregates:
+        for c, _ in partial_columns(a):
+            q = _q(c)
+            if c.endswith(("_n", "_nn")):
+                e = f"sum({q})::BIGINT"
+            elif c.endswith("_s"):
+                e = f"CAST(sum({q}) AS {DEC})"
+            elif c.endswith("_m"):
+                e = f"{'min' if a.func == 'min' else 'max'}({q})"
+            else:
+                e = f"list_sort(list_distinct(flatten(list({q}))))"
+            out.append(f"{e} AS {q}")
+    return ", ".join(out)
+
+
+def _finalize(a: Aggregate) -> str:
+    p = f"p_{a.name}"
+    n, s, nn, m, st = (_q(f"{p}_{x}") for x in ("n", "s", "nn", "m", "set"))
+    if a.func == "count":
+        e = n
+    elif a.func == "sum":
+        e = f"CASE WHEN {nn} > 0 THEN CAST({s} AS DOUBLE) END"
+    elif a.func == "avg":
+        e = f"CASE WHEN {nn} > 0 THEN CAST({s} AS DOUBLE) / {nn} END"
+    elif a.func in ("min", "max"):
+        e = m
+    else:
+        e = f"len({st})::BIGINT"
+    return f"{e} AS {_q(a.name)}"
+
+
+def _outputs_sql(w: WindowSpec, src: str, retract: bool) -> str:
+    aggs = ", ".join(_finalize(a) for a in w.aggregates)
+    return f"SELECT key, start AS window_start, \"end\" AS window_end, {aggs}, {str(retract).upper()} AS retract FROM {src}"
+
+
+def _flags(w_prev: int, w_new: int, L: int) -> str:
+    return (
+        f'("end" <= {w_new} AND (_touched OR "end" > {w_prev})) AS _fire, '
+        f'("end" + {L} > {w_new}) AS _keep'
+    )
+
+
+def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[str, pa.Table]:
+    L = spec.allowed_lateness
+    n = w.size // w.slide
+    parts = _partials(w)
+    cols = ", ".join(_q(c) for c in parts)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE e AS SELECT *, {TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last FROM ev"
+    )
+    late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM e WHERE _last + {w.size + L} <= {w_prev}").to_arrow_table()
+    # The newest window of an event ends last: if it is expired, all are; then each window
+    # already purged (end + L <= W_prev) is dropped.
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE m AS
+        WITH x AS (
+            SELECT {KEY} AS key, _last - k * {w.slide} AS start, _last - k * {w.slide} + {w.size} AS "end", {_event_partials(w)}
+            FROM e, range(0, {n}) r(k)
+            WHERE _last + {w.size + L} > {w_prev}
+        ),
+        u AS (
+            SELECT key, start, "end", {cols}, FALSE AS _touched FROM st
+            UNION ALL
+            SELECT key, start, "end", {cols}, TRUE AS _touched FROM x WHERE "end" + {L} > {w_prev}
+        ),
+        g AS (SELECT key, start, "end", {_merge(w)}, bool_or(_touched) AS _touched FROM u GROUP BY key, start, "end")
+        SELECT *, {_flags(w_prev, w_new, L)} FROM g
+    """)
+    return {
+        "out": con.sql(_outputs_sql(w, "m WHERE _fire", False)).to_arrow_table(),
+        "state": con.sql(f'SELECT key, start, "end", {cols} FROM m WHERE _keep').to_arrow_table(),
+        "late": late,
+    }
+
+
+def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[str, pa.Table]:
+    L = spec.allowed_lateness
+    parts = _partials(w)
+    cols = ", ".join(_q(c) for c in parts)
+    gap = str(w.gap)
+    if w.gap_field:
+        g = _q(field_column(w.gap_field))
+        gap = f"(CASE WHEN {g} IS NOT NULL AND {g} > 0 THEN {g} ELSE {w.gap} END)"
+    con.execute(f'CREATE OR REPLACE TEMP TABLE p AS SELECT *, {TIME} AS start, {TIME} + {gap} AS "end" FROM ev')
+    # A late one-event window still counts if it touches an open session of its key (Flink merges first).
+    touches = (
+        f'EXISTS (SELECT 1 FROM st WHERE st.key IS NOT DISTINCT FROM p.{KEY} AND st.start <= p."end" AND p.start <= st."end")'
+    )
+    con.execute(f'CREATE OR REPLACE TEMP TABLE ml AS SELECT *, {touches} AS _rescued FROM p WHERE "end" + {L} <= {w_prev}')
+    late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM ml WHERE NOT _rescued").to_arrow_table()
+    # Every open session goes through the sweep: the sessions of one key in the state neither
+    # overlap nor touch, so one no event reaches stays a group of its own, unchanged and untouched.
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE pieces AS
+        WITH elig AS (
+            SELECT * EXCLUDE (_rescued) FROM ml WHERE _rescued
+            UNION ALL BY NAME
+            SELECT * FROM p WHERE "end" + {L} > {w_prev}
+        ),
+        u AS (
+            SELECT key, start, "end", {cols}, FALSE AS _touched, start AS _os, "end" AS _oe FROM st
+            UNION ALL
+            SELECT {KEY} AS key, start, "end", {_event_partials(w)}, TRUE AS _touched, NULL::BIGINT AS _os, NULL::BIGINT AS _oe FROM elig
+        ),
+        s1 AS (
+            SELECT *, max("end") OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS _pmax
+            FROM u
+        ),
+        s2 AS (
+            SELECT *, sum(CASE WHEN _pmax IS NULL OR start > _pmax THEN 1 ELSE 0 END)
+                      OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
+            FROM s1
+        )
+        SELECT *, min(start) OVER (PARTITION BY key, _grp) AS _gs, max("end") OVER (PARTITION BY key, _grp) AS _ge FROM s2
+    """)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE m AS
+        WITH g AS (
+            SELECT key, min(start) AS start, max("end") AS "end", {_merge(w)}, bool_or(_touched) AS _touched
+            FROM pieces GROUP BY key, _grp
+        )
+        SELECT *, {_flags(w_prev, w_new, L)} FROM g
+    """)
+    # Fired state sessions of a group whose bounds changed (merged with new events or with each other).
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE r AS
+        SELECT key, _os AS start, _oe AS "end", {cols} FROM pieces
+        WHERE _os IS NOT NULL AND _oe <= {w_prev} AND (_os != _gs OR _oe != _ge)
+    """)
+    out = con.sql(f"{_outputs_sql(w, 'm WHERE _fire', False)} UNION ALL {_outputs_sql(w, 'r', True)}").to_arrow_table()
+    return {
+        "out": out,
+        "state": con.sql(f'SELECT key, start, "end", {cols} FROM m WHERE _keep').to_arrow_table(),
+        "late": late,
+    }
+
+
+def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int) -> dict[tuple[str, str], pa.Table]:
+    """One epoch of one key bucket.
+
+    `events`: the bucket's events of the epoch, de-duplicated (chunk columns + `_seg`, `_seq`).
+    `side`: the bucket's carried rows, `_w` naming what each is — a window (its state: `key`,
+    `start`, `end`, and the window's partials under `side_column(i, c)`) or `IDS_W` (id memory:
+    `id`, `expires`, `key`, `t`).
+    Returns tables by (kind, window): ("out", w) results and retractions, ("state", w) the
+    new state, ("late", w) the (`_seg`, `_seq`, `_row`) of events late for w, and
+    ("ids", "") the id memory after the epoch (with an id field).
+    """
+    import duckdb
+
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        con.register("ev", events)
+        con.register("side", side)
+        out: dict[tuple[str, str], pa.Table] = {}
+        for i, w in enumerate(spec.windows):
+            parts = _partials(w)
+            renamed = ", ".join(f"{_q(side_column(i, c))} AS {_q(c)}" for c in parts)
+            con.execute(
+                f'CREATE OR REPLACE TEMP TABLE st AS SELECT key, start, "end", {renamed} FROM side WHERE _w = {_lit(w.name)}'
+            )
+            res = _session(con, spec, w, w_prev, w_new) if w.type == "session" else _fixed(con, spec, w, w_prev, w_new)
+            for kind, t in res.items():
+                out[(kind, w.name)] = t
+            if w.type == "session":
+                con.execute(f"CREATE OR REPLACE TEMP TABLE kept_{i} AS SELECT key, start, \"end\" FROM m WHERE _keep")
+        if spec.id_field:
+            out[("ids", "")] = _ids(con, spec, w_new)
+        return out
+    finally:
+        con.close()
+
+
+def _ids(con, spec: Pipeline, w_new: int) -> pa.Table:
+    """Id memory after the epoch: the carried ids and the epoch's, kept while a window that
+    counted them can still change — and while the session holding them is open."""
+    L = spec.allowed_lateness
+    ext = str(spec.max_extent)
+    if spec.gap_fields:
+        ext = "greatest(" + ", ".join([ext] + [f"coalesce({_q(field_column(g))}, 0)" for g in spec.gap_fields]) + ")"
+    sql = f"""
+        SELECT id, expires, key, t FROM side WHERE _w = '{IDS_W}'
+        UNION ALL
+        SELECT {ID} AS id, {TIME} + {ext} + {L} AS expires, {KEY} AS key, {TIME} AS t FROM ev
+    """
+    for i, w in enumerate(spec.windows):
+        if w.type == "session":
+            # Sessions of one key do not overlap: an id lies inside at most one.
+            sql = f"""
+                SELECT i.id, greatest(i.expires, coalesce(s."end" + {L}, i.expires)) AS expires, i.key, i.t
+                FROM ({sql}) i LEFT JOIN kept_{i} s
+                  ON i.key IS NOT DISTINCT FROM s.key AND s.start <= i.t AND i.t < s."end"
+            """
+    return con.sql(f"SELECT * FROM ({sql}) WHERE expires > {w_new}").to_arrow_table()
+
+
+# ---- carrying tables through Spark ----------------------------------------
+
+
+def pack(tables: dict[tuple[str, str], pa.Table]) -> pa.Table:
+    """Tables as rows of (kind, w, Arrow IPC bytes): one Spark row each, whatever their schema."""
+    kinds, names, blobs = [], [], []
+    for (kind, w), t in tables.items():
+        if t.num_rows == 0:
+            continue
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as wr:
+            wr.write_table(t)
+        kinds.append(kind)
+        names.append(w)
+        blobs.append(sink.getvalue().to_pybytes())
+    return pa.table({"kind": pa.array(kinds, pa.string()), "w": pa.array(names, pa.string()), "data": pa.array(blobs, pa.binary())})
+
+
+def unpack(packed: pa.Table) -> dict[tuple[str, str], list[pa.Table]]:
+    out: dict[tuple[str, str], list[pa.Table]] = {}
+    for kind, w, data in zip(packed["kind"].to_pylist(), packed["w"].to_pylist(), packed["data"].to_pylist()):
+        out.setdefault((kind, w), []).append(pa.ipc.open_stream(data).read_all())
+    return out

@@ -4,7 +4,7 @@
 and distributes buckets. Here the same random scenarios as tests/test_kernel_property.py
 are run without Spark, more of them (no Spark job), twice: all keys in one
 bucket, and one bucket per key — the results must not depend on how keys are bucketed.
-The events given to it are the epoch's events minus the reference's duplicates.
+The events given to it carry the reference's duplicates flagged, as Spark flags them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kernel_harness import diff_rows, events_table
 from test_kernel_property import compare_state, draw_scenario
 
 from wire_dagster.aggregates import partial_columns
-from wire_dagster.bucketkernel import IDS_W, bucket_epoch, pack, side_column, unpack
+from wire_dagster.bucketkernel import DUP, IDS_W, bucket_epoch, pack, side_column, unpack
 from wire_dagster.kernel import IDS
 
 SEEDS = 5 * int(os.environ.get("WIRE_SEEDS", "3"))
@@ -85,10 +85,17 @@ def test_bucket_kernel_equals_reference(split):
             want = reference.run_epoch(spec, ref, [dict(e) for e in events], w_new)
             w_new = ref.watermark
             dup = {(e["_seg"], e["_seq"], e["_row"]) for reason, _, e in ref.dead[n_dead:] if reason == "duplicate"}
-            kept = [e for e in events if (e["_seg"], e["_seq"], e["_row"]) not in dup]
-            out = run_buckets(spec, events_table(spec, kept), side_table(spec, state, ids), w_prev, w_new, split)
+            flagged = events_table(spec, events)
+            flagged = flagged.append_column(DUP, pa.array([(e["_seg"], e["_seq"], e["_row"]) in dup for e in events], pa.bool_()))
+            out = run_buckets(spec, flagged, side_table(spec, state, ids), w_prev, w_new, split)
             where = f"seed {seed} epoch {i}"
             problems = []
+            n = sum(out[("n", "")]["n"].to_pylist()) if ("n", "") in out else 0
+            if n != len(events):
+                problems.append(f"{where}: {n} events counted, {len(events)} given")
+            got_dup = {tuple(r.values()) for r in out[("dup", "")].to_pylist()} if ("dup", "") in out else set()
+            if got_dup != dup:
+                problems.append(f"{where} duplicates: kernel {sorted(got_dup)}, reference {sorted(dup)}")
             for w in spec.windows:
                 got = out.get(("out", w.name))
                 problems += diff_rows(got.to_pylist() if got else [], want[w.name], f"{where} {w.name} emitted")

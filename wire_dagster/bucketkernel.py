@@ -30,6 +30,7 @@ from .streams import ID, KEY, ROW, TIME
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
 SEG, SEQ = "_seg", "_seq"
+DUP = "_dup"  # set by Spark on the repeated ids of an epoch
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
@@ -222,21 +223,28 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
 def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int) -> dict[tuple[str, str], pa.Table]:
     """One epoch of one key bucket.
 
-    `events`: the bucket's events of the epoch, de-duplicated (chunk columns + `_seg`, `_seq`).
+    `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`), with a `_dup`
+    flag where the pipeline has an id field (Spark de-duplicates over the whole epoch).
     `side`: the bucket's carried rows, `_w` naming what each is — a window (its state: `key`,
     `start`, `end`, and the window's partials under `side_column(i, c)`) or `IDS_W` (id memory:
     `id`, `expires`, `key`, `t`).
-    Returns tables by (kind, window): ("out", w) results and retractions, ("state", w) the
-    new state, ("late", w) the (`_seg`, `_seq`, `_row`) of events late for w, and
+    Returns tables by (kind, window): ("n", "") the number of events, ("dup", "") the
+    (`_seg`, `_seq`, `_row`) of the duplicates, ("out", w) results and retractions,
+    ("state", w) the new state, ("late", w) the positions of events late for w, and
     ("ids", "") the id memory after the epoch (with an id field).
     """
     import duckdb
 
     con = duckdb.connect(config={"threads": 1})
     try:
-        con.register("ev", events)
+        con.register("ev_all", events)
         con.register("side", side)
-        out: dict[tuple[str, str], pa.Table] = {}
+        out: dict[tuple[str, str], pa.Table] = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
+        if DUP in events.column_names:
+            out[("dup", "")] = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM ev_all WHERE {DUP}").to_arrow_table()
+            con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * EXCLUDE ({DUP}) FROM ev_all WHERE NOT {DUP}")
+        else:
+            con.execute("CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM ev_all")
         for i, w in enumerate(spec.windows):
             parts = _partials(w)
             renamed = ", ".join(f"{_q(side_column(i, c))} AS {_q(c)}" for c in parts)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .aggregates import output_ddl, partial_columns, state_ddl
-from .bucketkernel import IDS_W, PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_column, unpack
+from .bucketkernel import DUP, IDS_W, PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_column, unpack
 from .spec import Pipeline, WindowSpec, field_column
 from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
 
@@ -124,10 +124,11 @@ def _event_json(F, spec: Pipeline):
     return F.to_json(F.map_from_arrays(F.array(*[F.lit(k) for k in pairs]), F.array(*pairs.values())))
 
 
-def _dead(F, df, spec: Pipeline, reason: str, window: str | None):
+def _dead(F, df, spec: Pipeline):
+    """Dead letters of the events of `df`, which carry their `reason` and `window` columns."""
     return df.select(
-        F.lit(reason).alias("reason"),
-        F.lit(window).cast("string").alias("window"),
+        F.col("reason"),
+        F.col("window"),
         _event_json(F, spec).alias("event"),
         F.col(TIME).alias("event_time"),
         F.col(SEG).alias("segment"),
@@ -176,10 +177,10 @@ def _frame(spark, ddl: str, src: pa.Table | Stored | None):
     return spark.createDataFrame(src.cast(_ddl_to_arrow(spark, ddl)))
 
 
-# The kernel's Spark jobs are few on purpose (an epoch's fixed cost is a few hundred ms per
-# job): one to count the events and duplicates, ONE for every window's results, new state,
-# late events and the id memory (the buckets' tables, packed as Arrow IPC rows), and one
-# for the dead letters when there are any.
+# ONE Spark job per epoch, as a rule: the events are read, de-duplicated, shuffled by key
+# bucket with the carried rows, and every bucket's tables (counts, results, new state, id
+# memory, positions of late and duplicate events) come back in one collect, packed as Arrow
+# IPC rows. Only when there are dead letters does a second job read their events again.
 
 
 def run_epoch(
@@ -199,29 +200,60 @@ def run_epoch(
     ev = events_df
     seen = None
     if spec.id_field:
-        # A repeated id is a duplicate wherever it lands: de-duplicated over the whole epoch
-        # (by id, not by key bucket), against the id memory.
+        # A repeated id is a duplicate wherever it lands: flagged over the whole epoch (by id,
+        # not by key bucket), against the id memory.
         seen = _frame(spark, IDS_DDL, ids)
         order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
         ev = ev.withColumn("_rn", F.row_number().over(order)).join(
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
         )
-        ev = ev.withColumn("_dup", (F.col("_rn") > 1) | F.col("_seen").isNotNull()).drop("_rn", "_seen")
-    else:
-        ev = ev.withColumn("_dup", F.lit(False))
-    # The epoch's events are read from the object store once, here. Cached (not checkpointed)
-    # and released when the epoch ends, so nothing piles up in the block manager over a backlog.
-    ev = ev.persist(_storage())
-    try:
-        return _epoch(spark, F, spec, ev, state, seen, w_prev, w_new)
-    finally:
-        ev.unpersist()
+        ev = ev.withColumn(DUP, (F.col("_rn") > 1) | F.col("_seen").isNotNull()).drop("_rn", "_seen")
+
+    # Spark shuffles events and carried rows by key bucket; each bucket's windows are computed
+    # by DuckDB in one Python worker (bucketkernel), and come back as Arrow IPC rows.
+    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+    side = _side(spark, F, spec, state, seen).withColumn("_b", _bucket(F, "key", buckets))
+
+    def one_bucket(events: pa.Table, carried: pa.Table) -> pa.Table:
+        return pack(bucket_epoch(spec, events, carried, w_prev, w_new))
+
+    packed = ev.withColumn("_b", _bucket(F, KEY, buckets)).groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
+    tables = unpack(packed.toArrow())
+
+    def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
+        ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, w), [])]
+        return pa.concat_tables(ts) if ts else schema.empty_table()
+
+    n_in = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
+    pos = pa.schema([(SEG, pa.string()), (SEQ, pa.int64()), (ROW, pa.int64())])
+    dup = gathered("dup", "", pos)
+    dead = [_with_reason(dup, "duplicate", None)] if dup.num_rows else []
+    results, late_by = {}, {}
+    for w in spec.windows:
+        late = gathered("late", w.name, pos)
+        late_by[w.name] = late.num_rows
+        if late.num_rows:
+            dead.append(_with_reason(late, "late", w.name))
+        out = gathered("out", w.name, _out_schema(spark, w))
+        st = gathered("state", w.name, _ddl_to_arrow(spark, state_ddl(w)))
+        results[w.name] = (_sorted(out, ["key", "window_start", "window_end", "retract"]), _sorted(st, ["key", "start", "end"]))
+    dl = _dead_letters(spark, F, spec, events_df, pa.concat_tables(dead)) if dead else DEAD_LETTER.empty_table()
+    counted_all = n_in - dup.num_rows
+    windows = {name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()}
+    ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
+    return EpochResult(windows, dl, ids_out, n_in, dup.num_rows)
 
 
-def _storage():
-    from pyspark import StorageLevel
+def _with_reason(positions: pa.Table, reason: str, window: str | None) -> pa.Table:
+    n = positions.num_rows
+    return positions.append_column("reason", pa.array([reason] * n, pa.string())).append_column("window", pa.array([window] * n, pa.string()))
 
-    return StorageLevel.MEMORY_AND_DISK
+
+def _dead_letters(spark, F, spec: Pipeline, events_df, which: pa.Table) -> pa.Table:
+    """The dead letters of the events at `which` positions (with their reason and window): the
+    events are read again (the epoch's one job did not keep them) and joined by position."""
+    rows = events_df.join(F.broadcast(spark.createDataFrame(which)), on=[SEG, SEQ, ROW], how="inner")
+    return _sorted(_to_arrow(_dead(F, rows, spec), DEAD_LETTER), ["segment", "chunk", "row", "reason", "window"])
 
 
 def _bucket(F, col: str, buckets: int):
@@ -242,52 +274,6 @@ def _side(spark, F, spec: Pipeline, state, seen):
     for f in frames[1:]:
         side = side.unionByName(f, allowMissingColumns=True)
     return side
-
-
-def _epoch(spark, F, spec: Pipeline, ev, state, seen, w_prev: int, w_new: int) -> EpochResult:
-    """The rest of `run_epoch`, over the cached events (with a `_dup` flag)."""
-    n_in, duplicate = ev.agg(F.count(F.lit(1)), F.coalesce(F.sum(F.col("_dup").cast("bigint")), F.lit(0))).first()
-    # Spark shuffles events and carried rows by key bucket; each bucket's windows are computed
-    # by DuckDB in one Python worker (bucketkernel), and come back as Arrow IPC rows.
-    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
-    good = ev.filter(~F.col("_dup")).drop("_dup").withColumn("_b", _bucket(F, KEY, buckets))
-    side = _side(spark, F, spec, state, seen).withColumn("_b", _bucket(F, "key", buckets))
-
-    def one_bucket(events: pa.Table, carried: pa.Table) -> pa.Table:
-        return pack(bucket_epoch(spec, events, carried, w_prev, w_new))
-
-    packed = good.groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
-    tables = unpack(packed.toArrow())
-
-    def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
-        ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, w), [])]
-        return pa.concat_tables(ts) if ts else schema.empty_table()
-
-    dead = []
-    if duplicate:
-        dead.append(_dead(F, ev.filter(F.col("_dup")), spec, "duplicate", None))
-    results, late_by = {}, {}
-    pos = pa.schema([(SEG, pa.string()), (SEQ, pa.int64()), (ROW, pa.int64())])
-    for w in spec.windows:
-        late = gathered("late", w.name, pos)
-        late_by[w.name] = late.num_rows
-        if late.num_rows:
-            which = spark.createDataFrame(late).hint("broadcast")
-            dead.append(_dead(F, ev.join(which, on=[SEG, SEQ, ROW], how="left_semi"), spec, "late", w.name))
-        out = gathered("out", w.name, _out_schema(spark, w))
-        st = gathered("state", w.name, _ddl_to_arrow(spark, state_ddl(w)))
-        results[w.name] = (_sorted(out, ["key", "window_start", "window_end", "retract"]), _sorted(st, ["key", "start", "end"]))
-    if dead:
-        d = dead[0]
-        for x in dead[1:]:
-            d = d.unionByName(x)
-        dl = _sorted(_to_arrow(d, DEAD_LETTER), ["segment", "chunk", "row", "reason", "window"])
-    else:
-        dl = DEAD_LETTER.empty_table()
-    counted_all = n_in - duplicate
-    windows = {name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()}
-    ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
-    return EpochResult(windows, dl, ids_out, n_in, duplicate)
 
 
 def _out_schema(spark, w: WindowSpec) -> pa.Schema:

@@ -59,42 +59,31 @@ def _to_decimal(src: str) -> str:
     return f"CAST(CAST({src} AS VARCHAR) AS {DEC})"
 
 
+def _partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
+    """(one event's value, the merge of many) of partial column `c` of aggregate `a`."""
+    src, q = (_q(source_column(a)) if a.field else None), _q(c)
+    if c.endswith("_n"):
+        return "1::BIGINT", f"sum({q})::BIGINT"
+    if c.endswith("_s"):
+        return _to_decimal(src), f"CAST(sum({q}) AS {DEC})"
+    if c.endswith("_nn"):
+        return f"(CASE WHEN {src} IS NOT NULL THEN 1 ELSE 0 END)::BIGINT", f"sum({q})::BIGINT"
+    if c.endswith("_m"):
+        return f"CAST({src} AS DOUBLE)", f"{'min' if a.func == 'min' else 'max'}({q})"
+    return (
+        f"(CASE WHEN {src} IS NOT NULL THEN [CAST({src} AS VARCHAR)] ELSE []::VARCHAR[] END)",
+        f"list_sort(list_distinct(flatten(list({q}))))",
+    )
+
+
 def _event_partials(w: WindowSpec) -> str:
     """Partials of one event (column expressions over the events table)."""
-    cols = []
-    for a in w.aggregates:
-        src = _q(source_column(a)) if a.field else None
-        for c, _ in partial_columns(a):
-            if c.endswith("_n"):
-                e = "1::BIGINT"
-            elif c.endswith("_s"):
-                e = _to_decimal(src)
-            elif c.endswith("_nn"):
-                e = f"(CASE WHEN {src} IS NOT NULL THEN 1 ELSE 0 END)::BIGINT"
-            elif c.endswith("_m"):
-                e = f"CAST({src} AS DOUBLE)"
-            else:
-                e = f"(CASE WHEN {src} IS NOT NULL THEN [CAST({src} AS VARCHAR)] ELSE []::VARCHAR[] END)"
-            cols.append(f"{e} AS {_q(c)}")
-    return ", ".join(cols)
+    return ", ".join(f"{_partial_sql(a, c)[0]} AS {_q(c)}" for a in w.aggregates for c, _ in partial_columns(a))
 
 
 def _merge(w: WindowSpec) -> str:
     """Aggregations merging partial rows into one."""
-    out = []
-    for a in w.aggregates:
-        for c, _ in partial_columns(a):
-            q = _q(c)
-            if c.endswith(("_n", "_nn")):
-                e = f"sum({q})::BIGINT"
-            elif c.endswith("_s"):
-                e = f"CAST(sum({q}) AS {DEC})"
-            elif c.endswith("_m"):
-                e = f"{'min' if a.func == 'min' else 'max'}({q})"
-            else:
-                e = f"list_sort(list_distinct(flatten(list({q}))))"
-            out.append(f"{e} AS {q}")
-    return ", ".join(out)
+    return ", ".join(f"{_partial_sql(a, c)[1]} AS {_q(c)}" for a in w.aggregates for c, _ in partial_columns(a))
 
 
 def _finalize(a: Aggregate) -> str:

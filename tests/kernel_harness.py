@@ -51,11 +51,13 @@ class KernelRun:
     ids: pa.Table | None = None
     watermark: int = NEG_INF
     view: dict = field(default_factory=dict)  # name -> {(key, start, end): row}: the reader's view
+    single_task: bool = False  # the kernel's single-task path (no shuffle) instead of key buckets
 
     def epoch(self, spark, events: list[dict], w_new: int) -> kernel.EpochResult:
         w_prev = self.watermark
         w_new = max(w_prev, w_new)
-        res = kernel.run_epoch(spark, self.spec, events_df(spark, self.spec, events), self.state, self.ids, w_prev, w_new)
+        res = kernel.run_epoch(spark, self.spec, events_df(spark, self.spec, events), self.state, self.ids, w_prev, w_new,
+                               single_task=self.single_task)
         self.state = {name: r.state for name, r in res.windows.items()}
         self.ids = res.ids
         self.watermark = w_new

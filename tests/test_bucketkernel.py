@@ -4,7 +4,9 @@
 and distributes buckets. Here the same random scenarios as tests/test_kernel_property.py
 are run without Spark, more of them (no Spark job), twice: all keys in one
 bucket, and one bucket per key — the results must not depend on how keys are bucketed.
-The events given to it carry the reference's duplicates flagged, as Spark flags them.
+The events given to it carry the reference's duplicates flagged, as Spark flags them; or, as
+in the kernel's single-task path (one bucket holds the whole epoch), no flags: it finds the
+repeated ids itself.
 """
 
 from __future__ import annotations
@@ -19,39 +21,14 @@ import reference
 from kernel_harness import diff_rows, events_table
 from test_kernel_property import compare_state, draw_scenario
 
-from wire_dagster.aggregates import partial_columns
-from wire_dagster.bucketkernel import DUP, IDS_W, bucket_epoch, pack, side_column, unpack
+from wire_dagster.bucketkernel import DUP, bucket_epoch, pack, side_table, state_schema, unpack
 from wire_dagster.kernel import IDS
 
 SEEDS = 5 * int(os.environ.get("WIRE_SEEDS", "3"))
 
 
-def side_table(spec, state: dict[str, pa.Table], ids: pa.Table | None) -> pa.Table:
-    """The carried rows as `kernel._side` builds them in Spark."""
-    parts = []
-    for i, w in enumerate(spec.windows):
-        st = state[w.name]
-        cols = {"_w": pa.array([w.name] * st.num_rows, pa.string()), "key": st["key"], "start": st["start"], "end": st["end"]}
-        for a in w.aggregates:
-            for c, _ in partial_columns(a):
-                cols[side_column(i, c)] = st[c]
-        parts.append(pa.table(cols))
-    if ids is not None:
-        parts.append(pa.table({"_w": pa.array([IDS_W] * ids.num_rows, pa.string()), "key": ids["key"], "id": ids["id"],
-                               "expires": ids["expires"], "t": ids["t"]}))
-    return pa.concat_tables(parts, promote_options="permissive")
-
-
-ARROW = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "ARRAY<STRING>": pa.list_(pa.string())}
-
-
 def empty_state(spec) -> dict[str, pa.Table]:
-    out = {}
-    for w in spec.windows:
-        fields = [("key", pa.string()), ("start", pa.int64()), ("end", pa.int64())]
-        fields += [(c, ARROW.get(t) or pa.decimal128(38, 9)) for a in w.aggregates for c, t in partial_columns(a)]
-        out[w.name] = pa.schema(fields).empty_table()
-    return out
+    return {w.name: state_schema(w).empty_table() for w in spec.windows}
 
 
 def by_key(t: pa.Table, col: str) -> dict:
@@ -73,8 +50,9 @@ def run_buckets(spec, events: pa.Table, side: pa.Table, w_prev: int, w_new: int,
     return {k: pa.concat_tables(v, promote_options="permissive") for k, v in tables.items()}
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one bucket", "bucket per key"])
-def test_bucket_kernel_equals_reference(split):
+@pytest.mark.parametrize("split,flagged_by_spark", [(False, True), (True, True), (False, False)],
+                         ids=["one bucket", "bucket per key", "whole epoch flags its duplicates"])
+def test_bucket_kernel_equals_reference(split, flagged_by_spark):
     checked = Counter()
     for seed in range(SEEDS):
         spec, epochs = draw_scenario(random.Random(seed))
@@ -86,7 +64,8 @@ def test_bucket_kernel_equals_reference(split):
             w_new = ref.watermark
             dup = {(e["_seg"], e["_seq"], e["_row"]) for reason, _, e in ref.dead[n_dead:] if reason == "duplicate"}
             flagged = events_table(spec, events)
-            flagged = flagged.append_column(DUP, pa.array([(e["_seg"], e["_seq"], e["_row"]) in dup for e in events], pa.bool_()))
+            if flagged_by_spark:
+                flagged = flagged.append_column(DUP, pa.array([(e["_seg"], e["_seq"], e["_row"]) in dup for e in events], pa.bool_()))
             out = run_buckets(spec, flagged, side_table(spec, state, ids), w_prev, w_new, split)
             where = f"seed {seed} epoch {i}"
             problems = []

@@ -22,6 +22,7 @@ import random
 from collections import Counter
 
 import duckdb
+import pytest
 import reference
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
@@ -180,10 +181,11 @@ def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
 @settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1))
-def test_kernel_equals_reference(spark, seed):
+@pytest.mark.parametrize("single_task", [False, True], ids=["key buckets", "single task"])
+def test_kernel_equals_reference(spark, single_task, seed):
     spec, epochs = scenario(seed)
     note(f"lateness={spec.allowed_lateness} epochs={[(len(g), w) for g, w in epochs]} features={sorted(features(spec, epochs))}")
-    run, ref = KernelRun(spec), reference.RefState()
+    run, ref = KernelRun(spec, single_task=single_task), reference.RefState()
     for i, (events, w_new) in enumerate(epochs, start=1):
         note(f"epoch {i}: W {run.watermark} -> {w_new}; events {[(e['_t'], e['_key'], e['_id'], e['_seg'], e['_seq'], e['_row']) for e in events]}")
         n_dead, before = len(ref.dead), {w: dict(c) for w, c in ref.window_counts.items()}

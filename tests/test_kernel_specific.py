@@ -149,7 +149,9 @@ def _produce(store, spec, tmp_path, segment: str, records: list, name: str):
     return out
 
 
-def test_real_path_s3_engine_matches_reference(store, spark, tmp_path):
+@pytest.mark.parametrize("single_task_rows", ["0", "1000000"], ids=["key buckets", "single task"])
+def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypatch, single_task_rows):
+    monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", single_task_rows)
     spec = pipeline_from_dict(PIPE)
     assert "f_user" in streams.chunk_schema(spec).names  # count_distinct(user) stores the field
     ref = reference.RefState()

@@ -212,8 +212,10 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
 def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int) -> dict[tuple[str, str], pa.Table]:
     """One epoch of one key bucket.
 
-    `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`), with a `_dup`
-    flag where the pipeline has an id field (Spark de-duplicates over the whole epoch).
+    `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`). Where the
+    pipeline has an id field they carry a `_dup` flag (Spark de-duplicates over the whole
+    epoch), or, when this bucket is the whole epoch (`kernel`'s single-task path), none: the
+    repeated ids are then flagged here, as Spark would (the first by position counts).
     `side`: the bucket's carried rows, `_w` naming what each is — a window (its state: `key`,
     `start`, `end`, and the window's partials under `side_column(i, c)`) or `IDS_W` (id memory:
     `id`, `expires`, `key`, `t`).
@@ -226,10 +228,21 @@ def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, 
 
     con = duckdb.connect(config={"threads": 1})
     try:
-        con.register("ev_all", events)
+        con.register("ev_in", events)
         con.register("side", side)
         out: dict[tuple[str, str], pa.Table] = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
-        if DUP in events.column_names:
+        if spec.id_field and DUP not in events.column_names:
+            # The whole epoch is here: a repeated id, or one the id memory holds, is a duplicate
+            # (the first by position counts, as in Spark's flagging).
+            con.execute(f"""
+                CREATE OR REPLACE TEMP TABLE ev_all AS
+                SELECT *, (row_number() OVER (PARTITION BY {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
+                           OR coalesce({ID} IN (SELECT id FROM side WHERE _w = {_lit(IDS_W)}), FALSE)) AS {DUP}
+                FROM ev_in
+            """)
+        else:
+            con.execute("CREATE OR REPLACE TEMP VIEW ev_all AS SELECT * FROM ev_in")
+        if spec.id_field:
             out[("dup", "")] = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM ev_all WHERE {DUP}").to_arrow_table()
             con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * EXCLUDE ({DUP}) FROM ev_all WHERE NOT {DUP}")
         else:
@@ -273,6 +286,38 @@ def _ids(con, spec: Pipeline, w_new: int) -> pa.Table:
                   ON i.key IS NOT DISTINCT FROM s.key AND s.start <= i.t AND i.t < s."end"
             """
     return con.sql(f"SELECT * FROM ({sql}) WHERE expires > {w_new}").to_arrow_table()
+
+
+# ---- the carried rows -------------------------------------------------------
+
+_ARROW = {"BIGINT": pa.int64(), "DOUBLE": pa.float64(), "ARRAY<STRING>": pa.list_(pa.string()), DEC: pa.decimal128(38, SCALE)}
+
+
+def state_schema(w: WindowSpec) -> pa.Schema:
+    """The Arrow schema of a window's state (`aggregates.state_ddl`), without Spark."""
+    fields = [pa.field("key", pa.string()), pa.field("start", pa.int64()), pa.field("end", pa.int64())]
+    return pa.schema(fields + [pa.field(c, _ARROW[t]) for a in w.aggregates for c, t in partial_columns(a)])
+
+
+IDS_SCHEMA = pa.schema([("id", pa.string()), ("expires", pa.int64()), ("key", pa.string()), ("t", pa.int64())])
+
+
+def side_table(spec: Pipeline, state: dict[str, pa.Table | None], ids: pa.Table | None) -> pa.Table:
+    """The carried rows of `bucket_epoch` from each window's state and the id memory: what
+    `kernel._side` builds in Spark, built in Arrow where one task holds the whole epoch."""
+    parts = []
+    for i, w in enumerate(spec.windows):
+        sch = state_schema(w)
+        st = state.get(w.name)
+        st = sch.empty_table() if st is None else st.select(sch.names).cast(sch)
+        cols = {"_w": pa.array([w.name] * st.num_rows, pa.string()), "key": st["key"], "start": st["start"], "end": st["end"]}
+        cols.update({side_column(i, c): st[c] for c in _partials(w)})
+        parts.append(pa.table(cols))
+    if spec.id_field:
+        t = IDS_SCHEMA.empty_table() if ids is None else ids.select(IDS_SCHEMA.names).cast(IDS_SCHEMA)
+        parts.append(pa.table({"_w": pa.array([IDS_W] * t.num_rows, pa.string()), "key": t["key"], "id": t["id"],
+                               "expires": t["expires"], "t": t["t"]}))
+    return pa.concat_tables(parts, promote_options="permissive")
 
 
 # ---- carrying tables through Spark ----------------------------------------

@@ -21,6 +21,7 @@ from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
 from .kernel import DEAD_LETTER, Stored, read_events, run_epoch
 from .objectstore import ObjectStore
+from .sparksession import single_task_rows
 from .spec import Pipeline
 from .streams import ChunkMeta, read_stream
 from .timeutil import NEG_INF, iso, now_ms
@@ -179,10 +180,13 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
     # millions of open windows).
     state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
     ids = _stored(store, prev.ids) if prev else None
+    # A small epoch (events and carried rows) runs as one Spark task with no shuffle.
+    carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+    single = sum(c.rows for c in chunks) + carried <= single_task_rows()
     pause("before-spark")
     try:
-        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
-        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark)
+        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks, parallel=not single)
+        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark, single_task=single)
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions

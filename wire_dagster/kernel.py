@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .aggregates import output_ddl, partial_columns, state_ddl
-from .bucketkernel import DUP, IDS_W, PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_column, unpack
+from .bucketkernel import DUP, IDS_SCHEMA, IDS_W, PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_column, side_table, unpack
 from .spec import Pipeline, WindowSpec, field_column
 from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
 
@@ -43,9 +43,11 @@ def _fs(opts: dict):
     return _FS_CACHE[k]
 
 
-def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]]):
+def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]],
+                      parallel: bool = True):
     """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
-    read in parallel on the executors with pyarrow's S3 filesystem."""
+    read on the executors with pyarrow's S3 filesystem: in parallel, or (`parallel=False`,
+    for one task that reads them all) without the shuffle that spreads the keys."""
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -62,14 +64,16 @@ def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], s
 
     key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
     kdf = spark.createDataFrame([tuple(k) for k in keys], key_schema) if keys else spark.createDataFrame([], key_schema)
-    parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
     spark_schema = from_arrow_schema(out_schema)
+    if not parallel:
+        return kdf.coalesce(1).mapInArrow(read, spark_schema)
+    parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
     return kdf.repartition(parts).mapInArrow(read, spark_schema)
 
 
-def read_events(spark, fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta]):
+def read_events(spark, fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta], parallel: bool = True):
     keys = [(c.data_key, c.segment, c.seq) for c in chunks if c.data_key]
-    return read_parquet_keys(spark, fs_options, bucket, keys, chunk_schema(spec), [(SEG, pa.string()), (SEQ, pa.int64())])
+    return read_parquet_keys(spark, fs_options, bucket, keys, chunk_schema(spec), [(SEG, pa.string()), (SEQ, pa.int64())], parallel)
 
 
 # ---------------------------------------------------------------------------
@@ -106,7 +110,7 @@ DEAD_LETTER = pa.schema(
 )
 # Id memory: an id with its event's key and time, so that it can be kept while the
 # session that counted it stays open (sessions can outlive `t + extent + lateness`).
-IDS = pa.schema([("id", pa.string()), ("expires", pa.int64()), ("key", pa.string()), ("t", pa.int64())])
+IDS = IDS_SCHEMA
 IDS_DDL = "id STRING, expires BIGINT, key STRING, t BIGINT"
 
 
@@ -191,11 +195,52 @@ def run_epoch(
     ids: pa.Table | Stored | None,
     w_prev: int,
     w_new: int,
+    single_task: bool = False,
 ) -> EpochResult:
     """Process one epoch's events (a DataFrame from `read_events`). The carried window state
-    and id memory are Arrow tables or `Stored` objects the executors read."""
-    from pyspark.sql import Window as SW
+    and id memory are Arrow tables or `Stored` objects the executors read.
+
+    `single_task`: the whole epoch in one Spark task, with no shuffle (for an epoch small
+    enough for one worker; the results are the same, the fixed cost of stages is not paid)."""
     from pyspark.sql import functions as F
+
+    packed = (_one_task if single_task else _bucketed)(spark, F, spec, events_df, state, ids, w_prev, w_new)
+    return _gather(spark, F, spec, events_df, unpack(packed.toArrow()))
+
+
+def _one_task(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int):
+    """The epoch's events, window state and id memory in one task: `bucket_epoch` over all of
+    them (it also flags the repeated ids). A sentinel row makes the task run when there are no
+    events (windows still fire and state is still purged as W moves)."""
+    flag = "_wire_sentinel"
+    sentinel = spark.range(1).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in events_df.schema.fields], F.lit(True).alias(flag))
+    src = events_df.withColumn(flag, F.lit(False)).unionByName(sentinel).coalesce(1)
+    carried = {w.name: state.get(w.name) for w in spec.windows}
+
+    def task(batches):
+        import pyarrow.compute as pc
+
+        t = pa.Table.from_batches(list(batches))
+        events = t.filter(pc.invert(t[flag])).drop_columns([flag])
+        side = side_table(spec, {n: _load(x) for n, x in carried.items()}, _load(ids))
+        yield from pack(bucket_epoch(spec, events, side, w_prev, w_new)).to_batches()
+
+    return src.mapInArrow(task, PACKED_DDL)
+
+
+def _load(src: pa.Table | Stored | None) -> pa.Table | None:
+    """A carried table, read from the store when it is `Stored` (on the executor running this)."""
+    if isinstance(src, Stored):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(f"{src.bucket}/{src.key}", filesystem=_fs(src.fs_options))
+    return src
+
+
+def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int):
+    """Spark de-duplicates ids over the epoch, then shuffles events and carried rows by key
+    bucket; each bucket's windows are computed by DuckDB in one Python worker."""
+    from pyspark.sql import Window as SW
 
     ev = events_df
     seen = None
@@ -217,8 +262,11 @@ def run_epoch(
     def one_bucket(events: pa.Table, carried: pa.Table) -> pa.Table:
         return pack(bucket_epoch(spec, events, carried, w_prev, w_new))
 
-    packed = ev.withColumn("_b", _bucket(F, KEY, buckets)).groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
-    tables = unpack(packed.toArrow())
+    return ev.withColumn("_b", _bucket(F, KEY, buckets)).groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
+
+
+def _gather(spark, F, spec: Pipeline, events_df, tables: dict) -> EpochResult:
+    """The tables every bucket (or the one task) returned, as the epoch's result."""
 
     def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
         ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, w), [])]

@@ -20,7 +20,7 @@ Other knobs (all optional): WIRE_SPARK_DRIVER_MEMORY (default 2g),
 WIRE_SPARK_EXECUTOR_MEMORY (cluster executors; Spark's default 1g),
 WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
 WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill; default <tmp>/wire-spark),
-WIRE_SPARK_DRIVER_HOST. Any other Spark setting: spark-defaults.conf under
+WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting: spark-defaults.conf under
 SPARK_CONF_DIR, as for every Spark application.
 """
 
@@ -84,6 +84,29 @@ def driver_host(master: str) -> str | None:
         if hosts and all(h in LOOPBACK or h.startswith("127.") for h in hosts):
             return "127.0.0.1"
     return None
+
+
+#: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
+SINGLE_TASK_ROWS = 500_000
+
+
+def single_task_rows() -> int:
+    """An epoch whose events plus carried rows (window state, id memory) number at most this
+    runs as one Spark task with no shuffle: a stage's fixed cost (scheduling, shuffle files, the
+    hand-over to Python workers) outweighs parallelism for small epochs. WIRE_SINGLE_TASK_ROWS,
+    default SINGLE_TASK_ROWS; 0 always distributes by key bucket."""
+    from .errors import WireInputError
+
+    raw = _env("WIRE_SINGLE_TASK_ROWS")
+    if raw is None:
+        return SINGLE_TASK_ROWS
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise WireInputError(f"WIRE_SINGLE_TASK_ROWS: expected an integer >= 0, got {raw!r}")
+    return n
 
 
 def get_spark(master: str | None = None, remote: str | None = None, app: str = "wire", cores: int | None = None):

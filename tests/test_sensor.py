@@ -289,6 +289,46 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
     assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if "progress" in q.tags["wire/reason"].split(",")]
 
 
+def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark):
+    """Four chunks pending, one chunk per epoch: the next run commits all four epochs, so one
+    evaluation requests a run for each of them, with the partitions each makes ready; once they
+    are committed the sensor asks for nothing it has not already asked for (a tick that follows
+    launches no run). It used to predict only the next epoch, so a second tick was needed.
+
+        chunk k = minute k, events at :00 .. :50     W_k = k:50 - B = k:45
+        epoch 1 (chunk 0)  W 0:45   nothing ready: progress run for p0
+        epoch 2 (chunk 1)  W 1:45   p0 ready
+        epoch 3 (chunk 2)  W 2:45   p1 ready
+        epoch 4 (chunk 3)  W 3:45   p2 ready
+    """
+    from definitions import build_definitions
+    from sensors import sensor_name
+    from wire_dagster.engine import process
+
+    d = {**PIPELINE, "name": "backlog", "stream": "backlog", "limits": {"max_chunks_per_epoch": 1}}
+    path = tmp_path / "pipelines" / "backlog.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(d))
+    spec = load_pipeline(path)
+    sens = build_definitions(pipelines=[spec]).resolve_sensor_def(sensor_name(spec))
+    for k in range(4):
+        produce_events(store, spec, tmp_path, f"c{k}", [
+            {"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * M + i * 10 * S, "amount": 1} for i in range(6)])
+    want, w_prev = [], None
+    for n in range(1, 5):
+        w = T0 + (n - 1) * M + 50 * S - B
+        now_ready = [p for p in (T0 + j * M for j in range(5)) if ready(w, p) and (w_prev is None or not ready(w_prev, p))]
+        want += [(n, dagster_partition(p), "ready") for p in now_ready] or [(n, dagster_partition(T0), "progress")]
+        w_prev = w
+    r1 = evaluate(sens, s3_env, None)
+    got = [(int(q.tags["wire/epoch"]), q.partition_key, q.tags["wire/reason"]) for q in r1.run_requests]
+    assert got == want
+    assert process(store, spec, spark, max_epochs=100).committed == [1, 2, 3, 4]
+    r2 = evaluate(sens, s3_env, r1.cursor)
+    assert cursor_epoch(r2) == 4
+    assert keys(r2) and set(keys(r2)) <= set(keys(r1)), (keys(r2), keys(r1))
+
+
 def test_one_run_per_epoch_over_its_partition_range():
     """The planner's requests become one run per epoch, from its first to its last partition
     (partitions in between are ready too: W is monotonic), with every reason it had."""

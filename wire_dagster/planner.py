@@ -3,8 +3,9 @@
 A partition P = [p_start, p_end) is *ready* when W >= p_end and *final* when
 W >= p_end + allowed_lateness. The planner returns one request per partition
 and epoch: for every committed epoch after the cursor, the partitions it
-changed (or made ready); and for the pending chunks, the partitions the next
-epoch will make ready or that late data in them can change. `spans` groups them
+changed (or made ready); and for the pending chunks, epoch by epoch as the next
+run will commit them (up to `max_epochs_per_run`), the partitions each epoch
+will make ready or that late data in it can change. `spans` groups them
 into one run per epoch over the range of its partitions, keyed by (pipeline,
 epoch, first, last), so a planned run and the same epoch's committed change
 coincide when they cover the same partitions, and one tick never launches twice. The cursor is
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from .checkpoint import Checkpoints
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import read_stream
+from .streams import SegmentView, read_stream
 from .timeutil import INF, NEG_INF, iso, now_ms
 from .watermark import SegmentClock, advance, select_chunks
 
@@ -149,47 +150,61 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
     offsets = latest.remap if latest else {}
     views = read_stream(store, spec.stream, offsets)
     pending = sum(len(v.chunks) for v in views.values())
-    prev_segs = {s: SegmentClock(**r.model_dump()) for s, r in (latest.segments.items() if latest else [])}
+    segs = {s: SegmentClock(**r.model_dump()) for s, r in (latest.segments.items() if latest else [])}
+    replay = list(latest.replay) if latest is not None else []
+    now = now if now is not None else now_ms()
     predicted = w
-    # the epoch the next run will commit, predicted from chunk metadata alone (no Spark)
-    if True:
+    # The epochs the next run will commit (it commits up to max_epochs_per_run of them), predicted
+    # from chunk metadata alone (no Spark), as `engine.process` will take them: one request per
+    # epoch, so that the partitions of every pending epoch are requested in this evaluation.
+    for nxt in range(committed + 1, committed + 1 + spec.orchestration.max_epochs_per_run):
         decisions = None
-        if latest is not None and latest.replay:  # after a rewind: the next epoch replays a recorded one
-            target = latest.replay[0]["remap"]
+        if replay:  # after a rewind: the next epochs replay recorded ones
+            target = replay[0]["remap"]
             taken = {s: [c for c in v.chunks if c.seq < target.get(s, 0)] for s, v in views.items()}
-            decisions = latest.replay[0]["decisions"]
+            decisions = replay[0]["decisions"]
         else:
             taken = select_chunks(views, offsets, spec.max_chunks_per_epoch)
-        clock = advance(spec, prev_segs, w, views, taken, now if now is not None else now_ms(), decisions)
+        clock = advance(spec, segs, w, views, taken, now, decisions)
+        n_taken = sum(len(cs) for cs in taken.values())
+        if n_taken == 0 and not replay and clock.watermark == w and clock.segments == segs:
+            break  # the engine commits no epoch for nothing
+        _request_epoch(spec, reqs, nxt, w, clock, taken, bool(n_taken) or bool(replay))
         predicted = clock.watermark
-        hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
-        nxt = committed + 1
-        # (the engine also counts the open windows' starts in lo_t; they exist before a first finite
-        # watermark only if every segment was idle until now: then the commit's request covers the rest)
-        lo_t = min((c.min_t for cs in taken.values() for c in cs if c.min_t is not None), default=None)
-        for p in _partitions_between(spec, w, predicted, hi_t, lo_t):
-            reqs.setdefault((nxt, p), Request(nxt, p, "ready"))
-        # late data: pending events older than W can change ready-but-not-final partitions
-        for chunks in taken.values():
-            for c in chunks:
-                if c.min_t is None or c.min_t >= w:
-                    continue
-                lo = c.min_t
-                # the last partition a late event of this chunk can change: the one holding
-                # (end - 1) of the latest-ending window of an event at min(max_t, W - 1)
-                hi = _last_window_end(spec, min(c.max_t, w - 1)) - 1
-                p = spec.start + ((max(lo, spec.start) - spec.start) // spec.partition) * spec.partition
-                while p <= hi:
-                    ready = w >= p + spec.partition
-                    final = w >= p + spec.partition + spec.allowed_lateness
-                    if ready and not final:
-                        reqs.setdefault((nxt, p), Request(nxt, p, "late"))
-                    p += spec.partition
-        if pending and not any(r.epoch == nxt for r in reqs.values()):
-            # Chunks are pending but the next epoch makes no partition ready (partitions longer
-            # than an epoch's budget of event time): a run must still commit it, or the watermark
-            # never reaches the next partition end and the sensor waits forever. It reports the
-            # newest ready partition (the first one before any is ready).
-            reqs[(nxt, progress_partition(spec, predicted))] = Request(nxt, progress_partition(spec, predicted), "progress")
+        w, segs, offsets, replay = clock.watermark, clock.segments, clock.remap, replay[1:]
+        views = {s: SegmentView(s, [c for c in v.chunks if c.seq >= offsets.get(s, 0)], v.sealed_at) for s, v in views.items()}
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
-    return Plan(ordered, json.dumps({"epoch": committed}), committed, w, predicted, pending)
+    return Plan(ordered, json.dumps({"epoch": committed}), committed, latest.watermark if latest else NEG_INF, predicted, pending)
+
+
+def _request_epoch(spec: Pipeline, reqs: dict, nxt: int, w: int, clock, taken: dict, reads: bool) -> None:
+    """The requests of one predicted epoch `nxt` that moves W from `w` to `clock.watermark`."""
+    hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
+    # (the engine also counts the open windows' starts in lo_t; they exist before a first finite
+    # watermark only if every segment was idle until now: then the commit's request covers the rest)
+    lo_t = min((c.min_t for cs in taken.values() for c in cs if c.min_t is not None), default=None)
+    for p in _partitions_between(spec, w, clock.watermark, hi_t, lo_t):
+        reqs.setdefault((nxt, p), Request(nxt, p, "ready"))
+    # late data: pending events older than W can change ready-but-not-final partitions
+    for chunks in taken.values():
+        for c in chunks:
+            if c.min_t is None or c.min_t >= w:
+                continue
+            lo = c.min_t
+            # the last partition a late event of this chunk can change: the one holding
+            # (end - 1) of the latest-ending window of an event at min(max_t, W - 1)
+            hi = _last_window_end(spec, min(c.max_t, w - 1)) - 1
+            p = spec.start + ((max(lo, spec.start) - spec.start) // spec.partition) * spec.partition
+            while p <= hi:
+                ready = w >= p + spec.partition
+                final = w >= p + spec.partition + spec.allowed_lateness
+                if ready and not final:
+                    reqs.setdefault((nxt, p), Request(nxt, p, "late"))
+                p += spec.partition
+    if reads and not any(r.epoch == nxt for r in reqs.values()):
+        # The epoch reads chunks but makes no partition ready (partitions longer than an epoch's
+        # budget of event time): a run must still commit it, or the watermark never reaches the
+        # next partition end and the sensor waits forever. It reports the newest ready partition
+        # (the first one before any is ready).
+        p = progress_partition(spec, clock.watermark)
+        reqs[(nxt, p)] = Request(nxt, p, "progress")

@@ -277,12 +277,12 @@ def isolated(store, spark, spec, sizes_note: str) -> list[list]:
     from pyspark.sql import Window as SW
     from pyspark.sql import functions as F
 
-    from wire_dagster.kernel import ID, ROW, SEG, SEQ, TIME, read_events
+    from wire_dagster.kernel import ID, ROW, SEG, SEQ, TIME, epoch_chunks
     from wire_dagster.streams import read_stream
 
     views = read_stream(store, spec.stream, {})
     chunks = [c for s in sorted(views) for c in views[s].chunks]
-    ev = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
+    ev = epoch_chunks(store.fs_options(), store.bucket, spec, chunks).frame(spark)
 
     def noop(df) -> float:
         with timed() as t:

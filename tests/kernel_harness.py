@@ -3,7 +3,7 @@
 Events are dicts of chunk columns (`_t`, `_key`, `_id`, `_row`, `f_<field>`) plus the
 source position `_seg`/`_seq` — the same dicts `tests/reference.py` takes. A
 `KernelRun` carries window state, id memory and W from one epoch to the next exactly
-as `engine.process` does, but feeds `kernel.run_epoch` a DataFrame built in memory.
+as `engine.process` does, but feeds `kernel.run_epoch` an Arrow table built in memory.
 """
 
 from __future__ import annotations
@@ -33,13 +33,9 @@ def event(spec: Pipeline, t: int, key: str | None = None, id: str | None = None,
 
 
 def events_table(spec: Pipeline, events: list[dict]) -> pa.Table:
-    """The events as `kernel.read_events` delivers them: the chunk schema plus `_seg`, `_seq`."""
+    """The events as `kernel.Chunks` reads them: the chunk schema plus `_seg`, `_seq`."""
     schema = chunk_schema(spec).append(pa.field(kernel.SEG, pa.string())).append(pa.field(kernel.SEQ, pa.int64()))
     return pa.Table.from_pylist([{c: e.get(c) for c in schema.names} for e in events], schema=schema)
-
-
-def events_df(spark, spec: Pipeline, events: list[dict]):
-    return spark.createDataFrame(events_table(spec, events))
 
 
 @dataclass
@@ -56,7 +52,7 @@ class KernelRun:
     def epoch(self, spark, events: list[dict], w_new: int) -> kernel.EpochResult:
         w_prev = self.watermark
         w_new = max(w_prev, w_new)
-        res = kernel.run_epoch(spark, self.spec, events_df(spark, self.spec, events), self.state, self.ids, w_prev, w_new,
+        res = kernel.run_epoch(spark, self.spec, events_table(self.spec, events), self.state, self.ids, w_prev, w_new,
                                single_task=self.single_task)
         self.state = {name: r.state for name, r in res.windows.items()}
         self.ids = res.ids

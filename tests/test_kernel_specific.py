@@ -16,7 +16,7 @@ from kernel_harness import (
     diff_rows,
     diff_views,
     event,
-    events_df,
+    events_table,
 )
 
 from wire_dagster import engine, kernel, streams
@@ -205,6 +205,6 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
 def test_empty_epoch(spark, w_prev, w_new):
     """No events: nothing counted, nothing late; with W = +inf nothing to fire either."""
     spec = spec_of([{"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count"}}])
-    res = kernel.run_epoch(spark, spec, events_df(spark, spec, []), {}, None, w_prev, w_new)
+    res = kernel.run_epoch(spark, spec, events_table(spec, []), {}, None, w_prev, w_new)
     assert res.events == 0 and res.windows["tum"].outputs.num_rows == 0 and res.dead_letters.num_rows == 0
     assert not check_balance(spec, res)

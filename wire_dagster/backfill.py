@@ -22,9 +22,9 @@ from .checkpoint import (
     parquet_bytes,
     sha256,
 )
-from .engine import apply_changes, partition_starts
+from .engine import apply_changes, one_task, partition_starts
 from .errors import CommitConflict, ObjectNotFound, WireInputError
-from .kernel import read_events, run_epoch
+from .kernel import epoch_chunks, run_epoch
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import read_stream
@@ -60,8 +60,9 @@ def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], 
     for i, st in enumerate(steps):
         views = read_stream(store, spec.stream, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
-        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks)
-        res = run_epoch(spark, spec, events, state, ids, w_prev, st.watermark)
+        carried = sum(t.num_rows for t in state.values() if t is not None) + (ids.num_rows if ids is not None else 0)
+        events = epoch_chunks(store.fs_options(), store.bucket, spec, chunks)
+        res = run_epoch(spark, spec, events, state, ids, w_prev, st.watermark, single_task=one_task(chunks, carried))
         for w in spec.windows:
             rows = res.windows[w.name].outputs
             if rows.num_rows:

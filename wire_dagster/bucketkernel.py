@@ -209,8 +209,11 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
     }
 
 
-def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int) -> dict[tuple[str, str], pa.Table]:
-    """One epoch of one key bucket.
+def bucket_epoch(
+    spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int, threads: int = 1
+) -> dict[tuple[str, str], pa.Table]:
+    """One epoch of one key bucket, computed by DuckDB with `threads` threads (one where Spark
+    runs buckets side by side; the executor's cores where one task holds the whole epoch).
 
     `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`). Where the
     pipeline has an id field they carry a `_dup` flag (Spark de-duplicates over the whole
@@ -226,7 +229,7 @@ def bucket_epoch(spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, 
     """
     import duckdb
 
-    con = duckdb.connect(config={"threads": 1})
+    con = duckdb.connect(config={"threads": threads})
     try:
         con.register("ev_in", events)
         con.register("side", side)

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
-from .kernel import DEAD_LETTER, Stored, read_events, run_epoch
+from .kernel import DEAD_LETTER, Stored, epoch_chunks, run_epoch
 from .objectstore import ObjectStore
 from .sparksession import single_task_rows
 from .spec import Pipeline
@@ -125,6 +125,12 @@ def process(
     return out
 
 
+def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
+    """Whether an epoch runs as one Spark task with no shuffle: its events and carried rows
+    (window state, id memory) number at most `sparksession.single_task_rows()`."""
+    return sum(c.rows for c in chunks) + carried_rows <= single_task_rows()
+
+
 def keep_epochs_setting(value: int | None = None) -> int:
     """Committed epochs garbage collection keeps: `value`, else WIRE_KEEP_EPOCHS, else 10."""
     import os
@@ -180,13 +186,11 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
     # millions of open windows).
     state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
     ids = _stored(store, prev.ids) if prev else None
-    # A small epoch (events and carried rows) runs as one Spark task with no shuffle.
     carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
-    single = sum(c.rows for c in chunks) + carried <= single_task_rows()
     pause("before-spark")
     try:
-        events = read_events(spark, store.fs_options(), store.bucket, spec, chunks, parallel=not single)
-        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark, single_task=single)
+        events = epoch_chunks(store.fs_options(), store.bucket, spec, chunks)
+        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark, single_task=one_task(chunks, carried))
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions

@@ -43,12 +43,19 @@ def _fs(opts: dict):
     return _FS_CACHE[k]
 
 
-def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]],
-                      parallel: bool = True):
-    """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
-    read on the executors with pyarrow's S3 filesystem: in parallel, or (`parallel=False`,
-    for one task that reads them all) without the shuffle that spreads the keys."""
+def _read_key(fs, bucket: str, key: str, schema: pa.Schema, extra: list[tuple[str, pa.DataType, object]]) -> pa.Table:
+    """One Parquet object of the store, with constant `extra` columns (name, type, value) appended."""
     import pyarrow.parquet as pq
+
+    t = pq.read_table(f"{bucket}/{key}", filesystem=fs, schema=schema)
+    for n, typ, v in extra:
+        t = t.append_column(pa.field(n, typ), pa.array([v] * t.num_rows, typ))
+    return t
+
+
+def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]]):
+    """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
+    read in parallel on the executors with pyarrow's S3 filesystem."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     out_schema = pa.schema(list(schema) + [pa.field(n, t) for n, t in extra])
@@ -57,23 +64,43 @@ def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], s
         fs = _fs(fs_options)
         for b in batches:
             for row in b.to_pylist():
-                t = pq.read_table(f"{bucket}/{row['k']}", filesystem=fs, schema=schema)
-                for n, typ in extra:
-                    t = t.append_column(pa.field(n, typ), pa.array([row[n]] * t.num_rows, typ))
+                t = _read_key(fs, bucket, row["k"], schema, [(n, typ, row[n]) for n, typ in extra])
                 yield from t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536)
 
     key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
     kdf = spark.createDataFrame([tuple(k) for k in keys], key_schema) if keys else spark.createDataFrame([], key_schema)
-    spark_schema = from_arrow_schema(out_schema)
-    if not parallel:
-        return kdf.coalesce(1).mapInArrow(read, spark_schema)
     parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
+    spark_schema = from_arrow_schema(out_schema)
     return kdf.repartition(parts).mapInArrow(read, spark_schema)
 
 
-def read_events(spark, fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta], parallel: bool = True):
-    keys = [(c.data_key, c.segment, c.seq) for c in chunks if c.data_key]
-    return read_parquet_keys(spark, fs_options, bucket, keys, chunk_schema(spec), [(SEG, pa.string()), (SEQ, pa.int64())], parallel)
+@dataclass(frozen=True)
+class Chunks:
+    """An epoch's chunks in the store, read by the executors (never by the driver)."""
+
+    fs_options: dict = field(repr=False)  # carries the store's credentials: never printed
+    bucket: str
+    keys: tuple[tuple[str, str, int], ...]  # (data key, segment, sequence) of each chunk with events
+    schema: pa.Schema  # the pipeline's chunk schema
+
+    @property
+    def extra(self) -> list[tuple[str, pa.DataType]]:
+        return [(SEG, pa.string()), (SEQ, pa.int64())]
+
+    def frame(self, spark):
+        """The events as a DataFrame, the chunks read in parallel."""
+        return read_parquet_keys(spark, self.fs_options, self.bucket, list(self.keys), self.schema, self.extra)
+
+    def table(self) -> pa.Table:
+        """The events as one Arrow table, read here (in the task that holds the whole epoch)."""
+        fs = _fs(self.fs_options)
+        out = pa.schema(list(self.schema) + [pa.field(n, t) for n, t in self.extra])
+        parts = [_read_key(fs, self.bucket, k, self.schema, [(SEG, pa.string(), seg), (SEQ, pa.int64(), seq)]) for k, seg, seq in self.keys]
+        return pa.concat_tables([t.select(out.names).cast(out) for t in parts]) if parts else out.empty_table()
+
+
+def epoch_chunks(fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta]) -> Chunks:
+    return Chunks(fs_options, bucket, tuple((c.data_key, c.segment, c.seq) for c in chunks if c.data_key), chunk_schema(spec))
 
 
 # ---------------------------------------------------------------------------
@@ -190,42 +217,53 @@ def _frame(spark, ddl: str, src: pa.Table | Stored | None):
 def run_epoch(
     spark,
     spec: Pipeline,
-    events_df,
+    events: Chunks | pa.Table,
     state: dict[str, pa.Table | Stored | None],
     ids: pa.Table | Stored | None,
     w_prev: int,
     w_new: int,
     single_task: bool = False,
 ) -> EpochResult:
-    """Process one epoch's events (a DataFrame from `read_events`). The carried window state
-    and id memory are Arrow tables or `Stored` objects the executors read.
+    """Process one epoch's events: its chunks in the store (`epoch_chunks`), or an Arrow table
+    of chunk columns plus `_seg`, `_seq` (tests). The carried window state and id memory are
+    Arrow tables or `Stored` objects the executors read.
 
-    `single_task`: the whole epoch in one Spark task, with no shuffle (for an epoch small
-    enough for one worker; the results are the same, the fixed cost of stages is not paid)."""
+    `single_task`: the whole epoch in one Spark task that reads the chunks itself, with no
+    shuffle (for an epoch small enough for one worker, see `sparksession.single_task_rows`):
+    the same results, without the fixed cost of stages and of handing the events from Python
+    to the JVM and back."""
     from pyspark.sql import functions as F
 
-    packed = (_one_task if single_task else _bucketed)(spark, F, spec, events_df, state, ids, w_prev, w_new)
-    return _gather(spark, F, spec, events_df, unpack(packed.toArrow()))
+    if single_task:
+        packed = _one_task(spark, spec, events, state, ids, w_prev, w_new)
+    else:
+        packed = _bucketed(spark, F, spec, _frame_of(spark, events), state, ids, w_prev, w_new)
+    return _gather(spark, F, spec, events, unpack(packed.toArrow()))
 
 
-def _one_task(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int):
-    """The epoch's events, window state and id memory in one task: `bucket_epoch` over all of
-    them (it also flags the repeated ids). A sentinel row makes the task run when there are no
-    events (windows still fire and state is still purged as W moves)."""
-    flag = "_wire_sentinel"
-    sentinel = spark.range(1).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in events_df.schema.fields], F.lit(True).alias(flag))
-    src = events_df.withColumn(flag, F.lit(False)).unionByName(sentinel).coalesce(1)
+def _frame_of(spark, events: Chunks | pa.Table):
+    return events.frame(spark) if isinstance(events, Chunks) else spark.createDataFrame(events)
+
+
+def _one_task(spark, spec: Pipeline, events: Chunks | pa.Table, state, ids, w_prev: int, w_new: int):
+    """`bucket_epoch` over every event, the window state and the id memory, in one task (it
+    also flags the repeated ids): one Spark stage of one task, driven by a one-row DataFrame."""
     carried = {w.name: state.get(w.name) for w in spec.windows}
+    # The job's only task may use the cores the session's parallelism names (its shuffle
+    # partitions: the local cores by default), as far as its executor has them.
+    cores = int(spark.conf.get("spark.sql.shuffle.partitions", "1"))
 
     def task(batches):
-        import pyarrow.compute as pc
+        import os
 
-        t = pa.Table.from_batches(list(batches))
-        events = t.filter(pc.invert(t[flag])).drop_columns([flag])
+        for _ in batches:  # the one driving row
+            pass
+        ev = events.table() if isinstance(events, Chunks) else events
         side = side_table(spec, {n: _load(x) for n, x in carried.items()}, _load(ids))
-        yield from pack(bucket_epoch(spec, events, side, w_prev, w_new)).to_batches()
+        threads = max(1, min(cores, len(os.sched_getaffinity(0))))
+        yield from pack(bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)).to_batches()
 
-    return src.mapInArrow(task, PACKED_DDL)
+    return spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL)
 
 
 def _load(src: pa.Table | Stored | None) -> pa.Table | None:
@@ -265,7 +303,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
     return ev.withColumn("_b", _bucket(F, KEY, buckets)).groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
 
 
-def _gather(spark, F, spec: Pipeline, events_df, tables: dict) -> EpochResult:
+def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -> EpochResult:
     """The tables every bucket (or the one task) returned, as the epoch's result."""
 
     def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
@@ -287,7 +325,7 @@ def _gather(spark, F, spec: Pipeline, events_df, tables: dict) -> EpochResult:
         # Results are sorted where they are written (engine.apply_changes, per partition); the
         # new state is written as it is, so it is sorted here: reruns write identical bytes.
         results[w.name] = (out, _sorted(st, ["key", "start", "end"]))
-    dl = _dead_letters(spark, F, spec, events_df, pa.concat_tables(dead)) if dead else DEAD_LETTER.empty_table()
+    dl = _dead_letters(spark, F, spec, _frame_of(spark, events), pa.concat_tables(dead)) if dead else DEAD_LETTER.empty_table()
     counted_all = n_in - dup.num_rows
     windows = {name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()}
     ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None

@@ -87,7 +87,7 @@ def driver_host(master: str) -> str | None:
 
 
 #: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
-SINGLE_TASK_ROWS = 500_000
+SINGLE_TASK_ROWS = 2_000_000
 
 
 def single_task_rows() -> int:

@@ -119,8 +119,10 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
     n = w.size // w.slide
     parts = _partials(w)
     cols = ", ".join(_q(c) for c in parts)
+    # An event's partials are computed once, before it is copied into each of its windows.
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE e AS SELECT *, {TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last FROM ev"
+        f"CREATE OR REPLACE TEMP TABLE e AS SELECT {KEY}, {SEG}, {SEQ}, {ROW}, "
+        f"{TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last, {_event_partials(w)} FROM ev"
     )
     late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM e WHERE _last + {w.size + L} <= {w_prev}").to_arrow_table()
     # The newest window of an event ends last: if it is expired, all are; then each window
@@ -128,7 +130,7 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE m AS
         WITH x AS (
-            SELECT {KEY} AS key, _last - k * {w.slide} AS start, _last - k * {w.slide} + {w.size} AS "end", {_event_partials(w)}
+            SELECT {KEY} AS key, _last - k * {w.slide} AS start, _last - k * {w.slide} + {w.size} AS "end", {cols}
             FROM e, range(0, {n}) r(k)
             WHERE _last + {w.size + L} > {w_prev}
         ),
@@ -137,7 +139,7 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
             UNION ALL
             SELECT key, start, "end", {cols}, TRUE AS _touched FROM x WHERE "end" + {L} > {w_prev}
         ),
-        g AS (SELECT key, start, "end", {_merge(w)}, bool_or(_touched) AS _touched FROM u GROUP BY key, start, "end")
+        g AS (SELECT key, start, start + {w.size} AS "end", {_merge(w)}, bool_or(_touched) AS _touched FROM u GROUP BY key, start)
         SELECT *, {_flags(w_prev, w_new, L)} FROM g
     """)
     return {

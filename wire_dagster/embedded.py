@@ -37,6 +37,9 @@ from pathlib import Path
 
 from .errors import ObjectStoreError, WireInputError
 from .objectstore import ObjectStore, S3Config
+from .procgroup import default_home  # noqa: F401 - re-exported: callers import it from here
+from .procgroup import group_alive as _group_alive
+from .procgroup import pid_alive as _pid_alive
 
 HOST = "127.0.0.1"
 #: Components whose HTTP port we choose; each one's gRPC port is HTTP + 10000
@@ -49,17 +52,6 @@ _PORT_RANGE = (10000, 22000)
 _LOG_ROTATE_BYTES = 20 * 1024 * 1024
 #: Volume slots (SeaweedFS gives each bucket at least one; slots cost no disk until written).
 _VOLUME_SLOTS = 1000
-
-
-def default_home() -> Path:
-    """WIRE_HOME, else `<project root>/.wire` for a writable source checkout, else `~/.wire`."""
-    env = os.environ.get("WIRE_HOME", "").strip()
-    if env:
-        return Path(env).expanduser().resolve()
-    root = Path(__file__).resolve().parent.parent
-    if (root / "pyproject.toml").is_file() and os.access(root, os.W_OK):
-        return root / ".wire"
-    return Path.home() / ".wire"
 
 
 def weed_binary() -> Path:
@@ -117,53 +109,6 @@ def _choose_ports(previous: dict[str, int] | None, wait: float = 3.0) -> dict[st
         else:
             raise ObjectStoreError("embedded object store: no free ports on 127.0.0.1")
     return ports
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _group_members(pgid: int) -> list[int] | None:
-    """Pids in process group `pgid` that are not zombies (None where /proc is unavailable)."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return None
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat_line = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat_line[stat_line.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while any process of group `pgid` runs; zombies (exited, not yet reaped) do not count."""
-    members = _group_members(pgid)
-    if members:
-        return True
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pgid, os.WNOHANG)  # only zombies left: reap the leader if it is our child
-    if members is not None:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 class EmbeddedS3:

@@ -19,6 +19,10 @@ class ObjectStoreError(WireError):
     """The object store failed or is unreachable (never a dead letter)."""
 
 
+class SparkServerError(WireError):
+    """The embedded Spark Connect server failed to start, answer or stop (see its log file)."""
+
+
 class ObjectExists(WireError):
     """A create-if-absent PUT found the key already there (HTTP 412)."""
 

@@ -1,0 +1,100 @@
+"""Process-group helpers shared by the embedded servers (embedded.py, sparkserver.py).
+
+Standard library only, so that reading a server's pid file stays cheap: Spark session
+resolution (`sparksession.spark_target`) calls into here on every session it builds.
+Nothing here signals a process by name: only by pid or process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+
+def default_home() -> Path:
+    """WIRE_HOME, else `<project root>/.wire` for a writable source checkout, else `~/.wire`."""
+    env = os.environ.get("WIRE_HOME", "").strip()
+    if env:
+        return Path(env).expanduser().resolve()
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and os.access(root, os.W_OK):
+        return root / ".wire"
+    return Path.home() / ".wire"
+
+
+def pid_alive(pid: int) -> bool:
+    """True iff a process with this pid exists (possibly a zombie, or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cmdline(pid: int) -> list[bytes] | None:
+    """The process's arguments (None where /proc is unavailable or the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+
+
+def group_members(pgid: int) -> list[int] | None:
+    """Pids in process group `pgid` that are not zombies (None where /proc is unavailable)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_line = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group `pgid` runs; zombies (exited, not yet reaped) do not count."""
+    members = group_members(pgid)
+    if members:
+        return True
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pgid, os.WNOHANG)  # only zombies left: reap the leader if it is our child
+    if members is not None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True iff a TCP connection to host:port is accepted within `timeout` s."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """True iff `port` can be bound on `host` now (SO_REUSEADDR, as servers bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -204,7 +204,7 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
         outcome = {w.name: {p: (m.epoch if m and p in set(m.changed.get(w.name, [])) else None) for p in parts} for w in spec.windows}
         manifest = Checkpoints(store, spec.name).latest()
     reports = {p: partition_report(spec, manifest, p) for p in parts}
-    chart = plot_watermarks(store, spec, _chart_path(spec))
+    chart = plot_watermarks(store, spec, _chart_path(spec), reuse=True)
     png = base64.b64encode(chart.read_bytes()).decode()
     chart_md = dg.MetadataValue.md(f"![watermark lag per segment](data:image/png;base64,{png})")
 

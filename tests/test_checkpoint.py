@@ -191,3 +191,21 @@ def test_a_run_with_nothing_pending_never_starts_spark(store: ObjectStore, spec)
     assert m == m1 and report["epoch"] == 1
     with pytest.raises(AssertionError, match="nothing pending started Spark"):
         lazy.createDataFrame  # noqa: B018 - first use starts it
+
+
+def test_watermark_chart_is_redrawn_only_when_the_committed_epochs_change(store: ObjectStore, spec, tmp_path) -> None:
+    """The runs of one backlog report the same committed epochs: with `reuse` the chart drawn for
+    them is returned as it is; a new commit (or another bucket) draws it again."""
+    from wire_dagster.status import plot_watermarks
+
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
+    path = tmp_path / "charts" / "lag.png"
+    first = plot_watermarks(store, spec, path, reuse=True).read_bytes()
+    assert first.startswith(b"\x89PNG")
+    path.write_bytes(first + b"marker")  # what reuse returns is the file as it is
+    assert plot_watermarks(store, spec, path, reuse=True).read_bytes() == first + b"marker"
+    assert plot_watermarks(store, spec, path).read_bytes() == first  # without reuse: drawn
+    hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)]}, carry=m1)
+    assert plot_watermarks(store, spec, path, reuse=True).read_bytes() != first
+    assert not list(path.parent.glob(".*.tmp"))

@@ -209,3 +209,17 @@ def test_watermark_chart_is_redrawn_only_when_the_committed_epochs_change(store:
     hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)]}, carry=m1)
     assert plot_watermarks(store, spec, path, reuse=True).read_bytes() != first
     assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_published_copies_are_checked_from_one_listing(store: ObjectStore, spec, monkeypatch) -> None:
+    """A run checks every published copy against the committed manifest; an unchanged copy is
+    recognised by its ETag (the MD5 the manifest recorded) without reading it back."""
+    cp = Checkpoints(store, spec.name)
+    m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 2)]})
+    assert len(cp.publish(m1)) == 2
+    read = []
+    real_get, real_head = store.get, store.head
+    monkeypatch.setattr(store, "get", lambda key: read.append(key) or real_get(key))
+    monkeypatch.setattr(store, "head", lambda key: read.append(key) or real_head(key))
+    assert cp.publish(m1) == []
+    assert not [k for k in read if "/output/" in k], read

@@ -54,6 +54,7 @@ class FileRef(BaseModel):
     rows: int
     bytes: int
     epoch: int  # the epoch that wrote it
+    md5: str | None = None  # hex; an S3 ETag of a single PUT: checks a published copy from a listing
 
 
 class SegmentRecord(BaseModel):
@@ -277,7 +278,7 @@ class Checkpoints:
     def stage(self, run_id: str, rel: str, data: bytes, rows: int, epoch: int) -> FileRef:
         key = self.staging_prefix(run_id) + rel
         self.store.put(key, data)
-        return FileRef(key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch)
+        return FileRef(key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch, md5=hashlib.md5(data).hexdigest())
 
     def prepare(self, manifest: Manifest) -> str:
         key = self.manifest_key(manifest.epoch, manifest.run_id)
@@ -370,14 +371,19 @@ class Checkpoints:
 
     def _publish(self, manifest: Manifest, windows_partitions: dict[str, list[int]] | None) -> list[str]:
         fixed = []
+        # Every published copy: one listing (sizes and ETags) rather than a HEAD per partition.
+        listed = {i.key: i for i in self.store.list(f"{self.root}output/")} if windows_partitions is None else None
         for window, parts in manifest.outputs.items():
             wanted = windows_partitions.get(window) if windows_partitions is not None else None
             for p, ref in parts.items():
                 if wanted is not None and int(p) not in wanted:
                     continue
                 pkey = self.published_key(window, int(p))
-                info = self.store.head(pkey)
+                info = listed.get(pkey) if listed is not None else self.store.head(pkey)
                 if info is not None and info.size == ref.bytes:
+                    if ref.md5 is not None and info.etag == ref.md5:
+                        continue  # the copy's MD5 (the ETag of its PUT) is the staged file's
+                    # No MD5 recorded, or an ETag that is not one (multipart, encryption): the bytes decide.
                     current = self.store.get(pkey)
                     if sha256(current) == ref.sha256:
                         continue
@@ -390,7 +396,7 @@ class Checkpoints:
         # Published files no committed manifest names (a zombie, a hand-made file) are removed.
         names = {self.published_key(w, int(p)) for w, parts in manifest.outputs.items() for p in parts}
         if windows_partitions is None:
-            stray = [i.key for i in self.store.list(f"{self.root}output/") if i.key not in names]
+            stray = [k for k in listed if k not in names]
         else:
             # A requested partition the manifest no longer names (a retraction or a backfill left it
             # empty) has no published copy any more either.

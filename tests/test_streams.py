@@ -401,3 +401,130 @@ def test_200k_events_produce_correctly(store: ObjectStore, spec: Pipeline, tmp_p
         amount_sum += sum(t.column("f_amount").to_pylist())
     assert total == n - 1 and ids == {f"b{i}" for i in range(n) if i != bad_at}
     assert amount_sum == sum(i % 10 for i in range(n) if i != bad_at)
+
+
+# ------------------------------------------------------------ Parquet: typed columns vs JSON lines
+TYPED_SPEC = {
+    "name": "typed", "stream": "typed",
+    "event": {"key": "k", "time": "ts", "id": "eid"},
+    "partition": "1m", "start": "2026-01-01T00:00:00Z",
+    "limits": {"max_record_bytes": 300},
+    "windows": [
+        {"name": "tum", "type": "tumbling", "size": "1m", "aggregates": {"s": "sum(v)", "d": "count_distinct(u)"}},
+        {"name": "ses", "type": "session", "gap": "10s", "gap_field": "g", "aggregates": {"n": "count"}},
+    ],
+}
+
+
+def _both_paths(spec: Pipeline, table: pa.Table, ingest: int):
+    """(typed path, JSON-lines path) of one Parquet table's rows, each (valid, dead letters) as
+    (schema, rows) with NaN made comparable."""
+    import math
+
+    def plain(t: pa.Table):
+        rows = [{k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in t.to_pylist()]
+        return t.schema, rows
+
+    typed = streams.normalize_table(spec, table, ingest)
+    via_json = streams.normalize_lines(spec, streams.parquet_to_lines(table), ingest)
+    return tuple(map(plain, typed)), tuple(map(plain, via_json))
+
+
+def _typed_cases(spec: Pipeline, seed: int) -> pa.Table:
+    """A random table: each field the pipeline reads is absent or one of several Arrow types,
+    its values drawn among valid ones, nulls and the edge values of that type."""
+    import random
+
+    rng = random.Random(seed)
+    n = 60
+    t0 = spec.start + 86_400_000
+    iso = datetime.fromtimestamp(t0 / 1000, tz=UTC)
+    floats = [0.5, 3.0, -0.0, 1e20, 1e-7, 123456789.123456789, 1.7976931348623157e308, float("nan"), float("inf"), None]
+    ints = [0, 7, -3, 2**62, None]
+    texts = ["a", 'q"uote', "é\n\t\x01", "", "12", "-4", "x" * 80, None]
+
+    def column(kind: str, times: bool = False):
+        if kind == "int64" and times:  # mostly valid times, so that the later checks are reached
+            vals = [t0 + rng.randrange(10**6) if rng.random() < 0.8 else rng.choice([spec.start - 1, t0 * 10**6, None]) for _ in range(n)]
+            return pa.array(vals, pa.int64())
+        if kind == "int64":
+            return pa.array([rng.choice(ints) for _ in range(n)], pa.int64())
+        if kind == "uint64":
+            return pa.array([rng.choice([5, 2**63 + 5, None]) for _ in range(n)], pa.uint64())
+        if kind == "int16":
+            return pa.array([rng.choice([1, -2, None]) for _ in range(n)], pa.int16())
+        if kind == "float64":
+            return pa.array([rng.choice(floats + ([float(t0), t0 + 0.5] if times else [])) for _ in range(n)], pa.float64())
+        if kind == "string" and times:
+            bad = ["2026-01-02T00:00:00", "2026-01-02 00:00:00Z", "soon", None, ""]
+            return pa.array([(iso + timedelta(seconds=rng.randrange(3600))).isoformat() if rng.random() < 0.7 else rng.choice(bad)
+                             for _ in range(n)], pa.string())
+        if kind == "string":
+            return pa.array([rng.choice(texts) for _ in range(n)], pa.string())
+        if kind == "large_string":
+            return pa.array([rng.choice(texts) for _ in range(n)], pa.large_string())
+        if kind == "bool":
+            return pa.array([rng.choice([True, False, None]) for _ in range(n)], pa.bool_())
+        return pa.nulls(n)
+
+    kinds = ["int64", "uint64", "int16", "float64", "string", "large_string", "bool", "null"]
+    cols = {}
+    for f in ("ts", "k", "eid", "v", "u", "g", "extra"):
+        if f != "ts" and rng.random() < 0.15:
+            continue  # the field is missing from every row
+        kind = rng.choice(kinds if f != "u" else [k for k in kinds if k != "float64"])
+        if f == "ts":
+            kind = rng.choice(["int64"] * 4 + ["string"] * 3 + ["float64", "bool", "null"])
+        elif f in ("k", "eid") and rng.random() < 0.6:
+            kind = rng.choice(["string", "int64"])
+        cols[f] = column(kind, times=f == "ts")
+    return pa.table(cols)
+
+
+def test_parquet_typed_columns_give_what_json_lines_give() -> None:
+    """Parquet rows are validated from their typed columns (no JSON is written or parsed for a
+    valid row): every valid event, dead letter, reason and record text must be the one the
+    JSON-lines path gives for the same rows. Edge cases first, then random tables."""
+    spec = pipeline_from_dict(TYPED_SPEC)
+    ingest = now_ms()
+    t0 = spec.start + 86_400_000
+    edge = pa.table({
+        "ts": pa.array([t0, t0 + 1, None, t0 + 3, spec.start - 1, t0 + 5, t0 + 6, t0 + 7, t0 + 8, t0 + 9], pa.int64()),
+        "k": pa.array(["a", None, "b", 'c"', "d", "é", "", "x", "y", "z"]),
+        "eid": pa.array([1, 2, 3, -4, 5, 2**62, 7, 8, 9, 10], pa.int64()),
+        "v": pa.array([1.5, 3.0, None, float("nan"), 1e20, -0.0, float("inf"), 2.0, 5e-324, 7.25]),
+        "u": pa.array(["p", "q", None, "p", "", "r", "s", "t", "u", "v"]),
+        "g": pa.array([1000, 0, -5, None, 10, 20, 30, 40, 50, 60], pa.int64()),
+        "pad": pa.array(["", "", "", "", "", "", "", "", "p" * 400, '"' * 60]),  # larger than 300 bytes once in JSON
+        "flag": pa.array([True, False, None, True, True, True, True, True, True, True]),
+        "nothing": pa.nulls(10),
+    })
+    assert streams.typed_columns(spec, edge.schema)
+    typed, via_json = _both_paths(spec, edge, ingest)
+    assert typed == via_json, (typed, via_json)
+    reasons = [r["reason"] for r in typed[1][1]]
+    assert any("larger than 300" in r for r in reasons)
+    assert len(typed[0][1]) >= 3  # and some rows are valid
+    tried = 0
+    for seed in range(40):
+        t = _typed_cases(spec, seed)
+        if not streams.typed_columns(spec, t.schema):
+            continue
+        tried += 1
+        typed, via_json = _both_paths(spec, t, ingest)
+        assert typed[0] == via_json[0], (seed, t.schema)
+        assert typed[1] == via_json[1], (seed, t.schema)
+    assert tried >= 30
+
+
+def test_parquet_columns_the_typed_path_leaves_to_json_lines() -> None:
+    """Types, names and fields the typed path does not model fall back to JSON lines (same result)."""
+    spec = pipeline_from_dict(TYPED_SPEC)
+    t0 = spec.start + 86_400_000
+    base = {"ts": pa.array([t0], pa.int64()), "k": pa.array(["a"]), "eid": pa.array(["e"])}
+    for extra in ({"when": pa.array([t0], pa.timestamp("ms", tz="UTC"))}, {"f32": pa.array([0.1], pa.float32())},
+                  {"lst": pa.array([[1]])}, {"K": pa.array(["dup"])}, {"u": pa.array([1.5])}):
+        t = pa.table({**base, **extra})
+        assert not streams.typed_columns(spec, t.schema), extra
+        typed, via_json = _both_paths(spec, t, now_ms())
+        assert typed == via_json

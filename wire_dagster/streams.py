@@ -137,13 +137,19 @@ def _sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
+def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.Schema | None = None) -> str:
     """SQL over `lines(line_no, raw)`: one row per input line with either the normalized
     columns or a `reason` (the first check it fails). Every check is a vectorised expression.
 
     Each line's JSON is parsed once: `json_extract` with the list of every field path the
     pipeline uses gives the fields' JSON values (SQL NULL when absent, JSON `null` when null);
     the checks then look only at those small values, `y<i>` its JSON type, `v<i>` its text.
+
+    `typed` (a Parquet table's schema that `typed_columns` accepts): the SQL runs over
+    `src(line_no, c0, c1, ...)` — the table's columns by position — instead, and `y<i>`/`v<i>`
+    come from the typed columns: the JSON type and text its value would have in the row's JSON
+    line, so every check, reason and value is the one the JSON-lines path gives, without
+    writing and parsing JSON (the row's JSON is made only for its dead letter or its size).
     """
     fields: list[str] = []
 
@@ -155,12 +161,19 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
     tf = spec.time_field
     ti = col(tf)
     yt, vt = f"y{ti}", f"v{ti}"
-    checks: list[tuple[str, str]] = [
+    record_checks = [
         ("oversize", f"'record larger than {max_bytes} bytes'"),
         ("s IS NULL", "'invalid UTF-8'"),
         ("trim(s) = ''", "'empty line'"),
         ("j IS NULL", "'unparsable JSON'"),
         ("NOT regexp_matches(j, '^\\s*\\{')", "'not a JSON object'"),
+    ]
+    if typed is not None:
+        # A row is always a JSON object, and its JSON always parses (DuckDB's reader accepts the
+        # NaN and Infinity its writer puts for such doubles): only its size can be wrong.
+        record_checks = record_checks[:1]
+    checks: list[tuple[str, str]] = [
+        *record_checks,
         (f"{yt} IS NULL", _sql_str(f"missing time field {tf}")),
         (f"{yt} = 'NULL'", _sql_str(f"null time field {tf}")),
         (
@@ -220,8 +233,18 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
         )
         cols.append(f"TRY_CAST(v{i} AS BIGINT) AS {field_column(f)}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
+    tail = f"""
+        SELECT *, CASE
+            WHEN {yt} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({vt} AS BIGINT)
+            WHEN {yt} = 'DOUBLE' AND TRY_CAST({vt} AS DOUBLE) = floor(TRY_CAST({vt} AS DOUBLE))
+                 AND abs(TRY_CAST({vt} AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST({vt} AS DOUBLE) AS BIGINT)
+            WHEN {yt} = 'VARCHAR' THEN epoch_ms(TRY_CAST({vt} AS TIMESTAMPTZ))
+        END AS t FROM c2
+    )"""
+    if typed is not None:
+        return _typed_sql(typed, fields, max_bytes, tail, cols, reason)
     paths = "[" + ", ".join(_sql_str(_json_path(f)) for f in fields) + "]"
-    typed = ", ".join(f"json_type(x[{i}]) AS y{i}, json_extract_string(x[{i}], '$') AS v{i}" for i in range(1, len(fields) + 1))
+    typed_vals = ", ".join(f"json_type(x[{i}]) AS y{i}, json_extract_string(x[{i}], '$') AS v{i}" for i in range(1, len(fields) + 1))
     return f"""
     WITH a AS (
         SELECT line_no, raw, octet_length(raw) > {max_bytes} AS oversize,
@@ -232,15 +255,8 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
     ), c AS (
         SELECT *, json_extract(j, {paths}) AS x FROM b
     ), c2 AS (
-        SELECT * EXCLUDE (x), {typed} FROM c
-    ), d AS (
-        SELECT *, CASE
-            WHEN {yt} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({vt} AS BIGINT)
-            WHEN {yt} = 'DOUBLE' AND TRY_CAST({vt} AS DOUBLE) = floor(TRY_CAST({vt} AS DOUBLE))
-                 AND abs(TRY_CAST({vt} AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST({vt} AS DOUBLE) AS BIGINT)
-            WHEN {yt} = 'VARCHAR' THEN epoch_ms(TRY_CAST({vt} AS TIMESTAMPTZ))
-        END AS t FROM c2
-    ), e AS (
+        SELECT * EXCLUDE (x), {typed_vals} FROM c
+    ), d AS ({tail}, e AS (
         SELECT line_no, t AS {TIME}, {", ".join(cols)}, {reason} AS reason, s, raw FROM d
     )
     SELECT * EXCLUDE (s, raw),
@@ -248,6 +264,84 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int) -> str:
            CASE WHEN reason IS NOT NULL AND s IS NULL THEN raw END AS raw_bad
     FROM e
     """
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+def _is_str(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _json_kind(t: pa.DataType) -> str | None:
+    """The JSON type (DuckDB's `json_type`) a non-null value of Arrow type `t` has in the row's
+    JSON; None for the types the typed path leaves to the JSON-lines path."""
+    if _is_int(t):
+        return "BIGINT"  # (json_type says UBIGINT for non-negative ones: no check tells them apart)
+    if pa.types.is_float64(t):
+        return "DOUBLE"
+    if _is_str(t):
+        return "VARCHAR"
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_null(t):
+        return "NULL"
+    return None
+
+
+def typed_columns(spec: Pipeline, schema: pa.Schema) -> bool:
+    """Whether a Parquet table's rows can be validated from their typed columns (the result is
+    then the one of the JSON-lines path): flat columns of integer, float64, string, boolean or
+    null type, names that DuckDB (case-insensitive) and a JSON object (unique) both keep apart,
+    top-level fields only, and no float64 column holding a count_distinct field (its text in a
+    JSON line is not DuckDB's text of the double)."""
+    names = schema.names
+    if len({n.lower() for n in names}) != len(names) or any(_json_kind(f.type) is None for f in schema):
+        return False
+    used = [spec.time_field, spec.key_field, spec.id_field, *spec.numeric_fields, *spec.distinct_fields, *spec.gap_fields]
+    if any(f and "." in f for f in used):
+        return False
+    return not any(f in names and pa.types.is_float64(schema.field(f).type) for f in spec.distinct_fields)
+
+
+def _typed_sql(schema: pa.Schema, fields: list[str], max_bytes: int, tail: str, cols: list[str], reason: str) -> str:
+    """The typed head and tail of `_normalize_sql` over `src(line_no, c0, c1, ...)`."""
+    names = schema.names
+    row_json = "CAST(to_json(struct_pack(" + ", ".join(f'{_q(n)} := c{k}' for k, n in enumerate(names)) + ")) AS VARCHAR)"
+    vals = []
+    for i, f in enumerate(fields, start=1):
+        if f not in names:  # absent from the row: SQL NULL, as json_extract gives for a missing key
+            vals.append(f"CAST(NULL AS VARCHAR) AS y{i}, CAST(NULL AS VARCHAR) AS v{i}")
+            continue
+        k = names.index(f)
+        kind = _json_kind(schema.field(f).type)
+        text = f"c{k}" if kind == "VARCHAR" else f"CAST(c{k} AS VARCHAR)"
+        vals.append(f"CASE WHEN c{k} IS NULL THEN 'NULL' ELSE '{kind}' END AS y{i}, {text} AS v{i}")
+    # The row's JSON is longer than max_bytes only if this bound is: every value at its longest
+    # (a string with every byte escaped), every name quoted; only then is the JSON measured.
+    bound = [str(2 + sum(len(json.dumps(n)) + 2 for n in names))]
+    for k, f in enumerate(schema):
+        bound.append(f"coalesce(6 * strlen(c{k}) + 2, 4)" if _is_str(f.type) else "32")
+    cs = ", ".join(f"c{k}" for k in range(len(names)))
+    return f"""
+    WITH c2 AS (
+        SELECT line_no, {cs},
+               CASE WHEN {" + ".join(bound)} > {max_bytes} THEN strlen({row_json}) > {max_bytes} ELSE FALSE END AS oversize,
+               {", ".join(vals)}
+        FROM src
+    ), d AS ({tail}, e AS (
+        SELECT line_no, t AS {TIME}, {", ".join(cols)}, {reason} AS reason, {cs} FROM d
+    )
+    SELECT * EXCLUDE ({cs}),
+           CASE WHEN reason IS NOT NULL THEN substr({row_json}, 1, {RAW_KEEP}) END AS record,
+           CAST(NULL AS BLOB) AS raw_bad
+    FROM e
+    """
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _duckdb():
@@ -268,6 +362,30 @@ def normalize_lines(spec: Pipeline, lines: pa.LargeBinaryArray, ingest_ms: int) 
     con.close()
     # DuckDB keeps insertion order (preserve_insertion_order, on by default) without the cost of
     # an ORDER BY (40% of this query); should it ever not, sort here, still vectorised.
+    line_no = out["line_no"].to_numpy()
+    if len(line_no) > 1 and not bool(np.all(line_no[1:] > line_no[:-1])):
+        out = out.take(np.argsort(line_no, kind="stable"))
+    return _split_valid(spec, out)
+
+
+def normalize_table(spec: Pipeline, table: pa.Table, ingest_ms: int) -> tuple[pa.Table, pa.Table]:
+    """A Parquet table's rows -> (valid events, dead letters), as `normalize_lines` would give for
+    the rows as JSON lines: from the typed columns where `typed_columns` allows, else through JSON."""
+    valid_utf8 = True
+    for c in table.columns:
+        if _is_str(c.type):
+            try:
+                c.validate(full=True)
+            except pa.ArrowInvalid:
+                valid_utf8 = False
+    if not (valid_utf8 and typed_columns(spec, table.schema)):
+        return normalize_lines(spec, parquet_to_lines(table), ingest_ms)
+    con = _duckdb()
+    src = table.rename_columns([f"c{k}" for k in range(table.num_columns)])
+    con.register("src", src.append_column("line_no", pa.array(np.arange(table.num_rows, dtype=np.int64))))
+    hi = ingest_ms + spec.max_future if spec.end is None else min(ingest_ms + spec.max_future, spec.end - 1)
+    out = con.sql(_normalize_sql(spec, spec.max_record_bytes, spec.start, hi, typed=table.schema)).to_arrow_table()
+    con.close()
     line_no = out["line_no"].to_numpy()
     if len(line_no) > 1 and not bool(np.all(line_no[1:] > line_no[:-1])):
         out = out.take(np.argsort(line_no, kind="stable"))
@@ -316,10 +434,18 @@ def parquet_to_lines(table: pa.Table) -> pa.LargeBinaryArray:
 
 @dataclass(frozen=True)
 class InputFile:
-    """A validated input file: its record count and its records `[lo, hi)` as JSON lines."""
+    """A validated input file: its record count and its records `[lo, hi)` as JSON lines (and,
+    for Parquet, as a table)."""
 
     rows: int
     lines: Callable[[int, int], pa.LargeBinaryArray]
+    table: Callable[[int, int], pa.Table] | None = None
+
+    def normalize(self, spec: Pipeline, lo: int, hi: int, ingest_ms: int) -> tuple[pa.Table, pa.Table]:
+        """Records `[lo, hi)` -> (valid events, dead letters) with `_row`/`row` relative to `lo`."""
+        if self.table is not None:
+            return normalize_table(spec, self.table(lo, hi), ingest_ms)
+        return normalize_lines(spec, self.lines(lo, hi), ingest_ms)
 
 
 def read_input(path: Path) -> pa.LargeBinaryArray:
@@ -343,12 +469,12 @@ def open_input(path: Path) -> InputFile:
         raise WireInputError(f"--file: {str(path)!r} is empty; nothing to append")
     if path.suffix.lower() == ".parquet" or data[:4] == b"PAR1":
         try:
-            table = pq.read_table(io.BytesIO(data))
+            table = pq.ParquetFile(io.BytesIO(data)).read()
         except Exception as e:  # pyarrow raises several kinds for a corrupt file
             raise WireInputError(f"--file: {str(path)!r} is not a readable Parquet file ({e.__class__.__name__})") from None
         if table.num_rows == 0:
             raise WireInputError(f"--file: {str(path)!r} has no rows; nothing to append")
-        return InputFile(table.num_rows, lambda lo, hi: parquet_to_lines(table.slice(lo, hi - lo)))
+        return InputFile(table.num_rows, lambda lo, hi: parquet_to_lines(table.slice(lo, hi - lo)), lambda lo, hi: table.slice(lo, hi - lo))
     lines = _split_lines(data)
     del data
     return InputFile(len(lines), lambda lo, hi: lines.slice(lo, hi - lo))
@@ -447,7 +573,7 @@ def produce(
     # One chunk of input at a time: memory is the file plus one chunk, whatever the file's length.
     for lo in range(0, inp.rows, n):
         hi = min(lo + n, inp.rows)
-        good, dlq = normalize_lines(spec, inp.lines(lo, hi), ingest)  # rows relative to the chunk
+        good, dlq = inp.normalize(spec, lo, hi, ingest)  # rows relative to the chunk
         seqs.append(append_chunk(store, spec, segment, good, dlq).seq)
         events += good.num_rows
         malformed += dlq.num_rows

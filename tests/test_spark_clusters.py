@@ -499,11 +499,12 @@ def test_spark_connect_matches_local(dataset: Dataset, remote_runs: dict) -> Non
     assert got == dataset.local
 
 
-def test_spark_target_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_spark_target_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """WIRE_SPARK_REMOTE wins when set and non-empty; WIRE_SPARK_MASTER defaults to local[*]; bad values are input errors."""
     from wire_dagster.errors import WireInputError
     from wire_dagster.sparksession import driver_host, spark_target
 
+    monkeypatch.setenv("WIRE_HOME", str(tmp_path))  # no embedded Spark server there (test_sparkserver.py covers one)
     monkeypatch.delenv("WIRE_SPARK_REMOTE", raising=False)
     monkeypatch.delenv("WIRE_SPARK_MASTER", raising=False)
     monkeypatch.delenv("WIRE_SPARK_DRIVER_HOST", raising=False)

@@ -1,9 +1,12 @@
 """One Spark session factory for `local[*]`, a standalone cluster and Spark Connect.
 
-`WIRE_SPARK_REMOTE` (sc://host:port; empty = unset) attaches to a Spark Connect
-server; otherwise `WIRE_SPARK_MASTER` (default `local[*]`; also
-`spark://host:port`) starts or joins a classic session. In one process the
-active session is reused, whatever the environment says.
+Resolution, first match wins: the arguments; `WIRE_SPARK_REMOTE` (sc://host:port;
+empty = unset) attaches to a Spark Connect server; `WIRE_SPARK_MASTER`
+(`local[*]`, `spark://host:port`, ...) starts or joins a classic session; with
+neither set, the embedded Spark Connect server of the Wire home
+(`wire spark start`, `wire dev`; wire_dagster/sparkserver.py) if it is running;
+else `local[*]`. In one process the active classic session is reused, whatever
+the environment says.
 
 Local defaults: UI off, shuffle partitions sized to the cores, session time
 zone UTC, Python workers on this interpreter (they import pyarrow), the driver
@@ -50,19 +53,42 @@ def _env(name: str) -> str | None:
     return v or None
 
 
+def check_master(master: str, what: str = "WIRE_SPARK_MASTER") -> str:
+    """`master` if it is a Spark master URL Wire accepts (local, local[*], local[N], spark://…, …), else a WireInputError."""
+    from .errors import WireInputError
+
+    if not re.fullmatch(r"local(\[(\*|\d+)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn", master):
+        raise WireInputError(f"{what}: expected local[*], local[N] or spark://host:port, got {master!r}")
+    return master
+
+
 def spark_target(master: str | None = None, remote: str | None = None) -> tuple[str, str]:
-    """`("remote", "sc://…")` or `("master", "local[*]" | "spark://…" | …)`: arguments first, then the environment."""
+    """`("remote", "sc://…")` or `("master", "local[*]" | "spark://…" | …)`: the arguments first, then
+    WIRE_SPARK_REMOTE, then WIRE_SPARK_MASTER; with none of them, the Wire home's embedded Spark
+    Connect server if it runs (a pid-file read, a liveness check and a TCP connect: no subprocess),
+    else `local[*]`."""
+    kind, url, _ = _resolve(master, remote)
+    return kind, url
+
+
+def _resolve(master: str | None, remote: str | None) -> tuple[str, str, bool]:
+    """spark_target's answer, and whether it is the embedded server (found, not configured)."""
     from .errors import WireInputError
 
     remote = (remote or "").strip() or _env("WIRE_SPARK_REMOTE")
     if remote:
         if not remote.startswith("sc://") or not urlsplit(remote).hostname:
             raise WireInputError(f"WIRE_SPARK_REMOTE: expected a Spark Connect URL like sc://127.0.0.1:15002, got {remote!r}")
-        return "remote", remote
-    master = (master or "").strip() or _env("WIRE_SPARK_MASTER") or "local[*]"
-    if not re.fullmatch(r"local(\[(\*|\d+)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn", master):
-        raise WireInputError(f"WIRE_SPARK_MASTER: expected local[*], local[N] or spark://host:port, got {master!r}")
-    return "master", master
+        return "remote", remote, False
+    master = (master or "").strip() or _env("WIRE_SPARK_MASTER")
+    if master is None:
+        from .sparkserver import embedded_url
+
+        url = embedded_url()
+        if url is not None:
+            return "remote", url, True
+        master = "local[*]"
+    return "master", check_master(master), False
 
 
 def _local_cores(master: str) -> int | None:
@@ -110,10 +136,16 @@ def single_task_rows() -> int:
 
 
 def get_spark(master: str | None = None, remote: str | None = None, app: str = "wire", cores: int | None = None):
-    """The active session if there is one, else a new one configured from the arguments and the environment."""
+    """The active session if there is one, else a new one configured from the arguments and the environment
+    (`spark_target`). A configured Spark Connect URL (argument or WIRE_SPARK_REMOTE) is always attached to; a
+    running embedded server only when this process has no active session yet."""
     from pyspark.sql import SparkSession
 
-    kind, url = spark_target(master, remote)
+    kind, url, embedded = _resolve(master, remote)
+    if kind == "remote" and embedded:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
     if kind == "remote":
         b = SparkSession.builder.remote(url).appName(app).config("spark.sql.session.timeZone", "UTC")
         parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")

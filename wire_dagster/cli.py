@@ -22,6 +22,8 @@ from .errors import WireError, WireInputError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark.")
 s3_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
 app.add_typer(s3_app, name="s3")
+spark_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded Spark Connect server (runs attach to it).")
+app.add_typer(spark_app, name="spark")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -351,7 +353,7 @@ def gc(pipeline: str = PIPELINE, keep: int = typer.Option(10, help="Committed ep
 
 @app.command()
 def dev(port: int = typer.Option(3000, help="Dagster webserver port.")):
-    """The embedded S3 server plus `dagster dev` with the example pipelines (Ctrl-C stops both)."""
+    """The embedded S3 and Spark Connect servers plus `dagster dev` with the example pipelines (Ctrl-C stops them)."""
     from .devstack import run_dev
 
     raise typer.Exit(run_dev(port=port, pipelines=project_pipelines()))
@@ -383,9 +385,57 @@ def s3_stop():
     out.print("embedded S3 stopped")
 
 
+@spark_app.command("start")
+def spark_start(
+    master: str = typer.Option(None, "--master", help="Spark master of a new server (default: WIRE_SPARK_MASTER, else local[*])."),
+    port: int = typer.Option(None, "--port", help="Port on 127.0.0.1 for a new server (default: the last one if free, else a free one)."),
+    conf: list[str] = typer.Option(None, "--conf", help="KEY=VALUE Spark setting for a new server (repeatable)."),
+):
+    """Start (or reuse) the embedded Spark Connect server; prints its URL (sc://127.0.0.1:PORT).
+
+    A running server is reused as it is; the options apply to a new one."""
+    from .procgroup import default_home
+    from .sparkserver import EmbeddedSpark
+
+    settings: dict[str, str] = {}
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise WireInputError(f"--conf {item}: expected KEY=VALUE")
+        settings[key.strip()] = value
+    url = EmbeddedSpark(default_home() / "spark").start(master=master, port=port, conf=settings)
+    out.print(url, markup=False, highlight=False)
+
+
+@spark_app.command("stop")
+def spark_stop():
+    """Stop the embedded Spark Connect server (by its process group)."""
+    from .procgroup import default_home
+    from .sparkserver import EmbeddedSpark
+
+    EmbeddedSpark(default_home() / "spark").stop()
+    out.print("embedded Spark stopped")
+
+
+@spark_app.command("status")
+def spark_status():
+    """Print the embedded Spark Connect server's URL, or say it is not running (exit 1)."""
+    from .procgroup import default_home
+    from .sparkserver import EmbeddedSpark
+
+    url = EmbeddedSpark(default_home() / "spark").running()
+    if url is None:
+        out.print("embedded Spark not running")
+        raise typer.Exit(1)
+    out.print(url, markup=False, highlight=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        # Outside standalone mode click returns a command's `typer.Exit(code)` instead of raising it.
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
     except WireInputError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -1,4 +1,5 @@
-"""`wire dev`: the embedded S3 server plus `dagster dev`, both stopped on Ctrl-C.
+"""`wire dev`: the embedded S3 server, the embedded Spark Connect server and `dagster dev`,
+all stopped on Ctrl-C.
 
 Process management only: Dagster runs in its own process (started by its CLI),
 so the core never imports it. Everything started here is stopped by its
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .embedded import EmbeddedS3, default_home
 from .errors import WireInputError
+from .sparkserver import EmbeddedSpark
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -102,8 +104,12 @@ def _raise_stop(signum, _frame) -> None:
 
 
 def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
-    """Run the embedded S3 server (unless WIRE_S3_ENDPOINT names one) and `dagster dev` until Ctrl-C
-    (or SIGTERM / SIGHUP), then stop both: dagster dev by its process group, the S3 server by its own.
+    """Run the embedded S3 server (unless WIRE_S3_ENDPOINT names one), the embedded Spark Connect
+    server (unless WIRE_SPARK_REMOTE or WIRE_SPARK_MASTER says where Spark is) and `dagster dev`
+    until Ctrl-C (or SIGTERM / SIGHUP), then stop them in that reverse order: dagster dev by its
+    process group, each server by its own. dagster dev gets WIRE_SPARK_REMOTE=<the server's URL>,
+    so every run attaches to it instead of booting a Spark JVM; the server starts while dagster
+    dev loads its code location, and `wire dev` fails (stopping everything) if it does not come up.
 
     An embedded server that was already running when `wire dev` started is someone else's: it is
     reused and left running. Returns 0 after a requested stop, else dagster dev's exit code.
@@ -115,6 +121,11 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         candidate = EmbeddedS3(default_home() / "s3")
         if candidate.config is None:
             server = candidate  # ours to stop, even if Ctrl-C comes while it starts
+    spark: EmbeddedSpark | None = None  # the embedded Spark server the runs attach to, if any
+    spark_ours = False
+    if not (os.environ.get("WIRE_SPARK_REMOTE", "").strip() or os.environ.get("WIRE_SPARK_MASTER", "").strip()):
+        spark = EmbeddedSpark(default_home() / "spark")
+        spark_ours = spark.recorded() is None  # nothing running or starting there: ours to stop
     proc: subprocess.Popen | None = None
     handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
     handlers.update({sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)})
@@ -127,9 +138,15 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         if pipelines is not None:
             env["WIRE_PIPELINES"] = str(Path(pipelines).resolve())
+        spark_at = os.environ.get("WIRE_SPARK_REMOTE", "").strip() or os.environ.get("WIRE_SPARK_MASTER", "").strip()
+        if spark is not None:
+            spark_at = env["WIRE_SPARK_REMOTE"] = spark.start(wait=False)  # the running one, or launched now
         # Its own session: a terminal's Ctrl-C reaches only `wire dev`, which stops the group in order.
         proc = subprocess.Popen(dagster_dev_command(port), cwd=str(PROJECT), env=env, start_new_session=True)
-        print(f"embedded S3 at {cfg.endpoint}; Dagster UI at http://127.0.0.1:{port} (DAGSTER_HOME={home}); Ctrl-C stops both", flush=True)
+        if spark is not None:
+            spark.wait_ready()  # while dagster dev loads its code location
+        print(f"embedded S3 at {cfg.endpoint}; Spark at {spark_at}; Dagster UI at http://127.0.0.1:{port} "
+              f"(DAGSTER_HOME={home}); Ctrl-C stops them", flush=True)
         code = proc.wait()
         print(f"dagster dev exited with code {code}; stopping", file=sys.stderr, flush=True)
         return code
@@ -142,8 +159,14 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         try:
             if proc is not None:
                 stop_group(proc)
-            if server is not None:
-                server.stop()
         finally:
-            for sig, h in handlers.items():
-                signal.signal(sig, h)
+            try:
+                if spark is not None and spark_ours:
+                    spark.stop()
+            finally:
+                try:
+                    if server is not None:
+                        server.stop()
+                finally:
+                    for sig, h in handlers.items():
+                        signal.signal(sig, h)

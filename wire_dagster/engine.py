@@ -9,7 +9,9 @@ CLI and the tests call; none of them imports Dagster.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -28,6 +30,7 @@ from .timeutil import NEG_INF, iso, now_ms
 from .watermark import SegmentClock, advance, select_chunks
 
 ROW_ID = ["key", "window_start", "window_end"]
+STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
 
 
 @dataclass
@@ -64,19 +67,30 @@ def partition_starts(spec: Pipeline, ends: pa.Array) -> pa.Array:
     return pc.add(pc.multiply(pc.floor(pc.divide(pc.cast(off, pa.float64()), spec.partition)).cast(pa.int64()), spec.partition), spec.start)
 
 
-def _row_ids(t: pa.Table) -> pa.Array:
-    return pc.binary_join_element_wise(
-        pc.fill_null(t["key"], "\x00"), pc.cast(t["window_start"], pa.string()), pc.cast(t["window_end"], pa.string()), "|"
-    )
-
-
 def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
-    """The new content of a partition: old rows not changed, plus updates; retractions removed."""
-    upd = changes.filter(pc.invert(changes["retract"])).drop_columns(["retract"])
-    if old is not None and old.num_rows:
-        keep = old.filter(pc.invert(pc.is_in(_row_ids(old), value_set=_row_ids(changes))))
-        upd = pa.concat_tables([keep.cast(upd.schema), upd])
-    return upd.sort_by([("key", "ascending"), ("window_start", "ascending"), ("window_end", "ascending")])
+    """The new content of a partition: old rows not changed, plus updates; retractions removed;
+    sorted by (key, window_start, window_end), null keys last.
+
+    DuckDB over the Arrow tables: a hash anti-join on the window identity and a parallel sort
+    (the partition's whole content is rewritten each time it changes)."""
+    import duckdb
+
+    schema = changes.schema.remove(changes.schema.get_field_index("retract"))
+    cols = ", ".join(f'"{c}"' for c in schema.names)
+    con = duckdb.connect(config={"threads": max(2, os.cpu_count() or 2)})
+    try:
+        con.register("ch", changes)
+        sql = f"SELECT {cols} FROM ch WHERE NOT retract"
+        if old is not None and old.num_rows:
+            con.register("old", old)
+            sql = f"""
+                SELECT {cols} FROM old ANTI JOIN ch
+                  ON old.key IS NOT DISTINCT FROM ch.key AND old.window_start = ch.window_start AND old.window_end = ch.window_end
+                UNION ALL {sql}"""
+        out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end").to_arrow_table()
+    finally:
+        con.close()
+    return out.cast(schema)
 
 
 def _taken_for_target(views, target: dict[str, int]) -> dict[str, list[ChunkMeta]]:
@@ -201,38 +215,49 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
 
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
-    changed: dict[str, list[int]] = {}
-    staged = 0
+    changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
+    touched = []  # (window, partition, its rows of the epoch)
     for w in spec.windows:
         r = res.windows[w.name]
-        parts = outputs.setdefault(w.name, {})
-        changed[w.name] = []
+        outputs.setdefault(w.name, {})
         if r.outputs.num_rows:
             pstart = partition_starts(spec, r.outputs["window_end"])
-            for p in sorted(pc.unique(pstart).to_pylist()):
-                rows = r.outputs.filter(pc.equal(pstart, p))
-                old = _read_table(store, parts.get(str(p)))
-                new = apply_changes(old, rows)
-                ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(new), new.num_rows, epoch)
-                staged += 1
-                if staged == 1:
-                    fault("mid-staging")
-                if old is None or parts[str(p)].sha256 != ref.sha256:
-                    changed[w.name].append(p)
-                parts[str(p)] = ref
-    # partitions that became ready in this epoch are "changed" too, even if empty
-    # lo_t only bounds a first finite watermark: read the state's starts only then.
-    state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev and w_prev <= NEG_INF else []
-    lo_t = min([c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None)
-    became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
-    for w in spec.windows:
-        changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))
-    fault("after-staging")
-    st_refs = {}
-    for w in spec.windows:
-        t = res.windows[w.name].state
-        st_refs[w.name] = cp.stage(run_id, f"state/{w.name}.parquet", parquet_bytes(t), t.num_rows, epoch)
-        fault("during-state-snapshot")
+            touched += [(w.name, p, r.outputs.filter(pc.equal(pstart, p))) for p in sorted(pc.unique(pstart).to_pylist())]
+
+    def stage_partition(job) -> tuple[str, int, FileRef | None, FileRef]:
+        """A touched partition's new content (its committed file merged with the epoch's rows), staged."""
+        name, p, rows = job
+        prior = outputs[name].get(str(p))
+        new = apply_changes(_read_table(store, prior), rows)
+        return name, p, prior, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(new), new.num_rows, epoch)
+
+    # Partitions (and state files) are staged side by side: reads, merges, Parquet encoding and
+    # uploads release the GIL. Results are taken in order, so the manifest is the same.
+    with ThreadPoolExecutor(max_workers=STAGING_THREADS) as pool:
+        for i, (name, p, prior, ref) in enumerate(pool.map(stage_partition, touched)):
+            if i == 0:
+                fault("mid-staging")
+            if prior is None or prior.sha256 != ref.sha256:
+                changed[name].append(p)
+            outputs[name][str(p)] = ref
+        # partitions that became ready in this epoch are "changed" too, even if empty
+        # lo_t only bounds a first finite watermark: read the state's starts only then.
+        state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev and w_prev <= NEG_INF else []
+        lo_t = min([c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None)
+        became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
+        for w in spec.windows:
+            changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))
+        fault("after-staging")
+
+        def stage_state(name: str) -> FileRef:
+            t = res.windows[name].state
+            return cp.stage(run_id, f"state/{name}.parquet", parquet_bytes(t), t.num_rows, epoch)
+
+        names = [w.name for w in spec.windows]
+        st_refs = {}
+        for name, ref in zip(names, pool.map(stage_state, names)):
+            st_refs[name] = ref
+            fault("during-state-snapshot")
     ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids), res.ids.num_rows, epoch) if res.ids is not None else None
     dls = list(prev.dead_letters) if prev else []
     if res.dead_letters.num_rows:

@@ -11,7 +11,10 @@ and says where if they differ):
 - **Wire** end to end, as a user runs it: `wire produce` of each segment's bid file into the
   pipeline's stream in the embedded S3 server, `wire close`, then `wire tick` (a real sensor
   evaluation and real Dagster runs, DAGSTER_HOME a temporary directory) until the sensor
-  requests no run. The results are the committed ones (`wire read --format parquet`).
+  requests no run. The results are the committed ones (`wire read --format parquet`). Twice
+  (`--wire-spark local,server`): each `wire tick` booting local Spark in its own process, and
+  every run attaching to Wire's embedded Spark server (`wire spark start`, started before the
+  timed commands, as the S3 server is), each in its own bucket and Dagster instance.
 - **Spark Structured Streaming** (`peers.py spark`): a fresh `local[N]` session (JVM start
   included), `readStream` of the same bids as local Parquet, `withWatermark`,
   `window`/`session_window`, `Trigger.AvailableNow`, Parquet sink in append mode.
@@ -26,6 +29,7 @@ goes to stdout and to benchmarks/results/compare-<date>.md (compare-<date>-<HHMM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -465,11 +469,18 @@ def drop_sentinel(t, sentinel_ms: int, q: Query):
 # Report
 
 
+#: How Wire's runs get Spark: each `wire tick` boots local Spark in its own process, or every run
+#: attaches to the embedded Spark server (`wire spark start`, started before the timed commands,
+#: like the S3 server).
+WIRE_SPARK_MODES = {"local": "local Spark per tick", "server": "Spark server (warm)"}
+
+
 @dataclass
 class Case:
     cfg: Config
     q: Query
     manifest: dict
+    mode: str = "local"  # a WIRE_SPARK_MODES key
     wire: WireRun | None = None
     spark: PeerRun | None = None
     duck: PeerRun | None = None
@@ -539,11 +550,13 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         out.append(f"- {n}")
     out.append("")
     out.append("Times are wall seconds from cold processes. Wire = `wire produce` (one per segment) + `wire close` + the `wire tick`s "
-               "that launched runs (the last tick, which requested nothing, is not counted); Spark SS = one process: JVM start, "
+               "that launched runs (the last tick, which requested nothing, is not counted), with Wire's Spark either local "
+               "(each tick boots its own JVM) or the embedded Spark server (runs attach to it; it was started before, as the S3 "
+               "server was); Spark SS = one process: JVM start, "
                "query, stop; warm (with --warm) = the query's second run in one session of another process. Throughput counts bids (the only stream these queries "
                "read). **Wire ÷ X** is Wire's throughput over X's (> 1: Wire faster; the goal vs Spark SS is >= 2). Peak memory: "
                "the largest process tree of the side (Wire: its largest command, the S3 server not included; it is in the last columns).\n")
-    head = ["events", "keys", "query", "bids", "result rows", "equal", "Wire s", "Wire bids/s", "Spark SS s", "Spark SS bids/s",
+    head = ["events", "keys", "query", "Wire's Spark", "bids", "result rows", "equal", "Wire s", "Wire bids/s", "Spark SS s", "Spark SS bids/s",
             "Spark warm s", "DuckDB s", "DuckDB bids/s", "Wire ÷ Spark SS", "Wire ÷ DuckDB", "Wire MB", "Spark MB", "DuckDB MB",
             "S3 server MB", "Wire + S3 MB", "load"]
     rows = []
@@ -552,7 +565,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         w, s, d = c.wire, c.spark, c.duck
         warm = s.info.get("warm", {}).get("seconds") if s else None
         rows.append([
-            fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, f"{n:,}",
+            fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], f"{n:,}",
             f"{(w or s or d).result.num_rows:,}" if (w or s or d) else "-",
             "yes" if c.equal and all(c.equal.values()) else ("**NO**" if c.equal else "-"),
             f"{w.e2e:.1f}" if w else "-", rate(n, w.e2e) if w else "-",
@@ -564,7 +577,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
             mb(w.server_peak) if (w and not external_s3) else "-", mb(w.with_server_peak) if (w and not external_s3) else "-",
             f"{c.load:.1f}" if c.load is not None else "-",
         ])
-    out.append(md_table(head, rows, "lllrrlrrrrrrrrrrrrrrr"))
+    out.append(md_table(head, rows, "llllrrlrrrrrrrrrrrrrrr"))
     problems = [f"{fmt_count(c.cfg.events)}/{fmt_count(c.cfg.keys)}/{c.q.name}: {p}" for c in cases for p in c.problems]
     if problems:
         out.append("\n**Results differ:**\n")
@@ -573,13 +586,13 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     out.append("\n## CPU seconds (user + system of each side's processes; steadier than wall time on a shared machine)\n")
     rows = []
     for c in cases:
-        rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name,
+        rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode],
                      f"{c.wire.cpu:.0f}" if c.wire else "-", f"{c.spark.cpu:.0f}" if c.spark else "-",
                      f"{c.duck.cpu:.1f}" if c.duck else "-",
                      f"{c.spark.info.get('session_seconds', 0):.1f}" if c.spark else "-",
                      f"{c.spark.info['seconds']:.1f}" if c.spark else "-", str(c.spark.info["batches"]) if c.spark else "-"])
-    out.append(md_table(["events", "keys", "query", "Wire CPU s", "Spark SS CPU s", "DuckDB CPU s", "Spark session start s",
-                         "Spark query s (cold)", "Spark batches"], rows, "lllrrrrrr"))
+    out.append(md_table(["events", "keys", "query", "Wire's Spark", "Wire CPU s", "Spark SS CPU s", "DuckDB CPU s", "Spark session start s",
+                         "Spark query s (cold)", "Spark batches"], rows, "llllrrrrrr"))
 
     wires = [c for c in cases if c.wire]
     if wires:
@@ -597,24 +610,24 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         rows = []
         for c in wires:
             w = c.wire
-            rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, f"{sum(m.wall for m in w.produce):.1f}",
+            rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], f"{sum(m.wall for m in w.produce):.1f}",
                          f"{w.close.wall:.1f}", " + ".join(f"{m.wall:.1f}" for m in w.ticks), f"{w.final_tick.wall:.1f}" if w.final_tick else "-",
                          f"{w.read.wall:.1f}", f"{w.e2e:.1f}"])
-        out.append(md_table(["events", "keys", "query", "produce s", "close s", "ticks s", "last (empty) tick s", "read s", "end to end s"],
-                            rows, "lllrrlrrr"))
+        out.append(md_table(["events", "keys", "query", "Wire's Spark", "produce s", "close s", "ticks s", "last (empty) tick s", "read s", "end to end s"],
+                            rows, "llllrrlrrr"))
         out.append("")
         rows = []
         for c in wires:
             for b in c.wire.breakdown:
-                rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, b["tick"], f"{b['wall']:.1f}",
+                rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], b["tick"], f"{b['wall']:.1f}",
                              f"{b['outside_runs_s']:.1f}", b["runs"], f"{b['run_s']:.1f}", b["epochs"],
                              f"{b['before_first_epoch_s']:.1f}" if b["epochs"] else "-", f"{b['epochs_s']:.1f}" if b["epochs"] else "-",
                              f"{b['proc_after_s']:.1f}" if b["epochs"] else "-",
                              f"{b['first_report_run_s']:.1f}" if b["first_report_run_s"] is not None else "-",
                              b["report_runs"], f"{b['report_runs_s'] / b['report_runs']:.2f}" if b["report_runs"] else "-"])
-        out.append(md_table(["events", "keys", "query", "tick", "tick s", "outside runs s", "runs", "runs s", "epochs",
+        out.append(md_table(["events", "keys", "query", "Wire's Spark", "tick", "tick s", "outside runs s", "runs", "runs s", "epochs",
                              "processing run: before epoch 1 s", "epochs s", "after the last commit s",
-                             "first run (no epoch) s", "reporting runs", "reporting run mean s"], rows, "lllrrrrrrrrrrrr"))
+                             "first run (no epoch) s", "reporting runs", "reporting run mean s"], rows, "llllrrrrrrrrrrrr"))
         tot = sum(c.wire.e2e for c in wires)
         tot_runs = sum(b["runs"] for c in wires for b in c.wire.breakdown)
 
@@ -640,22 +653,22 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         out.append(f"\n## Scale {fmt_count(sizes[0])} → {fmt_count(sizes[-1])} events (time ratio; goal for Wire: <= "
                    f"{1.1 * sizes[-1] / sizes[0]:.0f}×; peak memory should stay flat)\n")
         rows = []
-        by = {(c.cfg.events, c.cfg.keys, c.q.name): c for c in cases}
-        for (n, k, qn), big in sorted(by.items()):
-            if n != sizes[-1] or (sizes[0], k, qn) not in by:
+        by = {(c.cfg.events, c.cfg.keys, c.q.name, c.mode): c for c in cases}
+        for (n, k, qn, mode), big in sorted(by.items()):
+            if n != sizes[-1] or (sizes[0], k, qn, mode) not in by:
                 continue
-            small = by[(sizes[0], k, qn)]
+            small = by[(sizes[0], k, qn, mode)]
 
             def ratio(a, b):
                 return f"{a / b:.1f}×" if a and b else "-"
 
-            rows.append([fmt_count(k), qn,
+            rows.append([fmt_count(k), qn, WIRE_SPARK_MODES[mode],
                          ratio(big.wire and big.wire.e2e, small.wire and small.wire.e2e),
                          ratio(big.spark and big.spark.wall, small.spark and small.spark.wall),
                          ratio(big.duck and big.duck.wall, small.duck and small.duck.wall),
                          f"{mb(small.wire.peak)} → {mb(big.wire.peak)}" if big.wire and small.wire else "-",
                          f"{mb(small.spark.peak)} → {mb(big.spark.peak)}" if big.spark and small.spark else "-"])
-        out.append(md_table(["keys", "query", "Wire", "Spark SS", "DuckDB", "Wire peak MB", "Spark peak MB"], rows, "llrrrrr"))
+        out.append(md_table(["keys", "query", "Wire's Spark", "Wire", "Spark SS", "DuckDB", "Wire peak MB", "Spark peak MB"], rows, "lllrrrrr"))
     return "\n".join(out) + "\n"
 
 
@@ -680,6 +693,8 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="also time Spark warm: a second process runs each query twice in one "
                     "session (the second run is the warm figure)")
     ap.add_argument("--sides", default="wire,spark,duckdb", help="which sides to run (development)")
+    ap.add_argument("--wire-spark", default="local,server", help="Wire's Spark, comma-separated: local (each `wire tick` boots "
+                    "local Spark) and/or server (runs attach to the embedded Spark server, started before the timed commands)")
     ap.add_argument("--master", default=f"local[{cpu_count()}]")
     ap.add_argument("--results", type=Path, default=HERE / "results", help="directory of the Markdown report")
     args = ap.parse_args()
@@ -691,6 +706,9 @@ def main() -> int:
         sides = {x.strip() for x in args.sides.split(",") if x.strip()}
         if not sides <= {"wire", "spark", "duckdb"} or not sides:
             raise ValueError("--sides: choose among wire, spark, duckdb")
+        modes = [x.strip() for x in args.wire_spark.split(",") if x.strip()]
+        if not modes or not set(modes) <= set(WIRE_SPARK_MODES):
+            raise ValueError("--wire-spark: choose among local, server")
         epoch_chunks = args.epoch_chunks or 2 * args.segments
         if epoch_chunks % args.segments:
             raise ValueError("--epoch-chunks: must be a multiple of --segments (whole rounds, so that Spark's batches "
@@ -720,7 +738,8 @@ def main() -> int:
     load = LoadSampler().start()
     cases: list[Case] = []
     gen_notes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0:
+    with (tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0,
+          _spark_server(Path(tmpd) / "spark-server", st.master, "wire" in sides and "server" in modes, gen_notes, log) as spark_url):
         tmp = Path(tmpd)
         server_pid = _server_pid(tmp)
         for cfg in cfgs:
@@ -734,52 +753,67 @@ def main() -> int:
                              f"{(man['bid_time_max'] - man['bid_time_min']) / 1000:,.0f} s of event time; measured disorder "
                              f"{man['bid_disorder_ms']} ms (bound {man['disorder_bound_ms']} ms)")
             log(gen_notes[-1])
-            # a fresh bucket, pipelines directory and Dagster instance per data set
-            cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
-            from wire_dagster.objectstore import ObjectStore
-
-            store = ObjectStore(cfg_s3)
-            store.ensure_bucket()
             pdir = tmp / f"pipelines-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
             pdir.mkdir()
             for q in queries:
                 (pdir / f"{q.name}.yaml").write_text(yaml.safe_dump(pipeline_dict(q, cfg, st), sort_keys=False))
             for name, key in (("persons", "state"), ("auctions", "category")):
                 (pdir / f"{name}.yaml").write_text(yaml.safe_dump(side_pipeline(name, key, cfg), sort_keys=False))
-            dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
-            env = dict(os.environ)
-            env.update(cfg_s3.export_env())
-            env.update({"WIRE_PIPELINES": str(pdir), "WIRE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(dhome),
-                        "PYSPARK_PYTHON": sys.executable, "WIRE_SPARK_MASTER": st.master})
-            env.pop("WIRE_SPARK_REMOTE", None)
-            if "wire" in sides:
+            # a fresh bucket and Dagster instance per data set and Wire mode
+            wire_envs = {}
+            for mode in (modes if "wire" in sides else []):
+                from wire_dagster.objectstore import ObjectStore
+
+                cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
+                store = ObjectStore(cfg_s3)
+                store.ensure_bucket()
+                dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}-{mode}"
+                env = dict(os.environ)
+                env.update(cfg_s3.export_env())
+                env.update({"WIRE_PIPELINES": str(pdir), "WIRE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(dhome),
+                            "PYSPARK_PYTHON": sys.executable})
+                env.pop("WIRE_SPARK_REMOTE", None)
+                env.pop("WIRE_SPARK_MASTER", None)
+                env.update({"WIRE_SPARK_REMOTE": spark_url} if mode == "server" else {"WIRE_SPARK_MASTER": st.master})
                 t0 = time.perf_counter()
                 _land_side_streams(store, cfg, data, pdir)
-                gen_notes.append(f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments each, "
-                                 f"`streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s")
+                if not gen_notes[-1].startswith(f"{cfg.label}: persons"):
+                    gen_notes.append(f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments "
+                                     f"each, `streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s")
+                wire_envs[mode] = (env, dhome, cfg_s3)
+            peer_env = dict(os.environ)
+            peer_env.update({"PYSPARK_PYTHON": sys.executable})
+            peer_env.pop("WIRE_SPARK_REMOTE", None)
             for q in queries:
-                c = Case(cfg, q, man, t_start=time.time())
                 log(f"{cfg.label}, {q.name}:")
-                if "wire" in sides:
-                    c.wire = run_wire(q, cfg, data, env, tmp, server_pid, log)
-                    c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
-                    _check_wire_counts(c, cfg)
-                    log(f"  wire: {c.wire.e2e:.1f} s end to end")
+                per_mode = []
+                for mode in (modes if "wire" in sides else ["local"]):
+                    c = Case(cfg, q, man, mode=mode, t_start=time.time())
+                    if mode in wire_envs:
+                        env, dhome, cfg_s3 = wire_envs[mode]
+                        c.wire = run_wire(q, cfg, data, env, tmp, server_pid, log)
+                        c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
+                        _check_wire_counts(c, cfg)
+                        log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")
+                    per_mode.append(c)
+                spark = duck = None
                 if "spark" in sides:
-                    c.spark = run_spark_peer(q, data, st, env, tmp, warm=args.warm)
-                    c.spark.result, n_sentinel = drop_sentinel(c.spark.result, sentinel_ms, q)
+                    spark = run_spark_peer(q, data, st, peer_env, tmp, warm=args.warm)
+                    spark.result, n_sentinel = drop_sentinel(spark.result, sentinel_ms, q)
                     if n_sentinel:
-                        c.problems.append(f"Spark SS emitted {n_sentinel} sentinel window(s)")
-                    log(f"  spark: {c.spark.wall:.1f} s (query {c.spark.info['seconds']:.1f} s, {c.spark.info['batches']} batches)")
+                        per_mode[0].problems.append(f"Spark SS emitted {n_sentinel} sentinel window(s)")
+                    log(f"  spark: {spark.wall:.1f} s (query {spark.info['seconds']:.1f} s, {spark.info['batches']} batches)")
                 if "duckdb" in sides:
-                    c.duck = run_duckdb_peer(q, data, st, env, tmp)
-                    log(f"  duckdb: {c.duck.wall:.1f} s")
-                c.t_end = time.time()
-                c.load = load.mean(c.t_start, c.t_end)
-                _compare(c)
-                cases.append(c)
-                for p in c.problems:
-                    log(f"  PROBLEM: {p}")
+                    duck = run_duckdb_peer(q, data, st, peer_env, tmp)
+                    log(f"  duckdb: {duck.wall:.1f} s")
+                for c in per_mode:
+                    c.spark, c.duck = spark, duck
+                    c.t_end = time.time()
+                    c.load = load.mean(c.t_start, c.t_end)
+                    _compare(c)
+                    cases.append(c)
+                    for p in c.problems:
+                        log(f"  PROBLEM: {p}")
     load.stop()
     text = report(cases, st, args, time.perf_counter() - t_all, load, gen_notes, external_s3=server_pid is None)
     print(text)
@@ -794,6 +828,28 @@ def main() -> int:
         log("RESULTS DIFFER: see the report")
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], log):
+    """Wire's embedded Spark server (what `wire spark start` runs) for the "server" mode, started
+    before the timed commands like the S3 server, and stopped by its process group at the end;
+    yields its URL ("" when not wanted)."""
+    if not wanted:
+        yield ""
+        return
+    from wire_dagster.sparkserver import EmbeddedSpark
+
+    t0 = time.perf_counter()
+    server = EmbeddedSpark(directory)
+    try:
+        url = server.start(master=master)
+        notes.append(f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
+                     f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s")
+        log(notes[-1])
+        yield url
+    finally:
+        server.stop()
 
 
 def _server_pid(tmp: Path) -> int | None:

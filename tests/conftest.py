@@ -127,83 +127,40 @@ def pytest_runtest_teardown(item, nextitem) -> None:
 # subprocess attaches in ~0.5 s instead of booting its own JVM (4-8 s each).
 
 
+#: The test server's settings over wire_dagster.sparkserver's defaults. Tiny epochs: without AQE
+#: and with one shuffle partition an epoch runs ~28 Spark jobs instead of ~70. C1 only and the
+#: serial GC: a short-lived test server spends far less CPU compiling and collecting.
+TEST_SPARK_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "2",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+
+
 @pytest.fixture(scope="session")
 def spark_remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
-    """`sc://127.0.0.1:<port>` of a Spark Connect server (local[2], started with pyspark's
-    `sbin/start-connect-server.sh --wait` in its own process group, warmed up by one query),
-    or None when it cannot start (or WIRE_TEST_SPARK_CONNECT=0): subprocesses then boot
-    local Spark each. Stopped by its process group at the end of the session."""
+    """`sc://127.0.0.1:<port>` of a Spark Connect server (wire_dagster.sparkserver.EmbeddedSpark:
+    local[2], 1 GB driver, TEST_SPARK_CONF; ready once a client in another process ran a query),
+    or None when it cannot start (or WIRE_TEST_SPARK_CONNECT=0): subprocesses then boot local
+    Spark each. Stopped by its process group at the end of the session."""
     import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
     import warnings
 
-    import pyspark
+    from wire_dagster.errors import WireError
+    from wire_dagster.sparkserver import EmbeddedSpark
 
     if os.environ.get("WIRE_TEST_SPARK_CONNECT", "1") == "0":
         yield None
         return
-    tmp = tmp_path_factory.mktemp("spark-connect")
-    home = os.path.dirname(pyspark.__file__)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "WIRE_SPARK_REMOTE", "PYSPARK_SUBMIT_ARGS")}
-    env.update(SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_LOG_DIR=str(tmp / "logs"),
-               SPARK_PID_DIR=str(tmp / "pids"), SPARK_CONNECT_MODE="0")
-    cmd = [f"{home}/sbin/start-connect-server.sh", "--wait", "--master", "local[2]", "--driver-memory", "1g",
-           # C1 only and the serial GC: a short-lived test server spends far less CPU compiling and collecting.
-           "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-           "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-           # Tiny epochs: without AQE and with one shuffle partition an epoch runs ~28 Spark jobs instead of ~70.
-           "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.adaptive.enabled=false",
-           "--conf", "spark.sql.shuffle.partitions=1", "--conf", "spark.default.parallelism=2",
-           "--conf", "spark.sql.session.timeZone=UTC", "--conf", "spark.python.worker.reuse=true",
-           "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'local'}"]
-    log = open(tmp / "connect.log", "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"sc://127.0.0.1:{port}"
+    server = EmbeddedSpark(tmp_path_factory.mktemp("spark-connect"))
     try:
-        # Ready = a client in another process (a Connect session marks its whole process as remote) ran a query.
-        probe = f"from pyspark.sql import SparkSession as S; assert S.builder.remote({url!r}).getOrCreate().range(3).count() == 3"
-        deadline = time.monotonic() + 180
-        ready = False
-        while not ready and proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    pass
-            except OSError:
-                time.sleep(0.25)
-                continue
-            try:
-                left = max(1.0, deadline - time.monotonic())
-                ready = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=left).returncode == 0
-            except subprocess.TimeoutExpired:
-                break
-        if not ready:
-            warnings.warn(f"Spark Connect server did not start ({tmp / 'connect.log'}); subprocesses boot local Spark", stacklevel=1)
+        try:
+            url = server.start(master="local[2]", driver_memory="1g", conf=TEST_SPARK_CONF)
+        except WireError as exc:
+            warnings.warn(f"Spark Connect server did not start ({exc}); subprocesses boot local Spark", stacklevel=1)
             yield None
         else:
             yield url
     finally:
-        for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            end = time.monotonic() + grace
-            while time.monotonic() < end:
-                proc.poll()  # reap the script so its group can disappear
-                try:
-                    os.killpg(proc.pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            else:
-                continue
-            break
-        log.close()
+        server.stop()

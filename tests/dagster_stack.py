@@ -1,8 +1,8 @@
 """The end-to-end Dagster stack shared by test_e2e_dagster.py and test_browser.py.
 
     embedded S3 (the session's server, a bucket of its own)
-    Spark Connect server  the session's (`spark_remote` in conftest.py); without one, a
-                          spark-submit SparkConnectServer in the foreground, own process group
+    Spark Connect server  the session's (`spark_remote` in conftest.py); without one, one of the
+                          stack's own (wire_dagster.sparkserver.EmbeddedSpark, own process group)
     dagster dev           webserver + daemon + code server, own process group, project-local
                           DAGSTER_HOME (wire_dagster.devstack: QueuedRunCoordinator, one run per
                           pipeline at a time), WIRE_SPARK_REMOTE=sc://... so each run attaches
@@ -190,6 +190,7 @@ class Stack:
     port: int
     home: Path
     procs: list[Proc] = field(default_factory=list)
+    spark: object = None  # the stack's own EmbeddedSpark, when it started one
     stopped: bool = False
 
     @property
@@ -209,7 +210,7 @@ class Stack:
         return body["data"]
 
     def alive(self) -> str | None:
-        return next((p.dead() for p in self.procs if p.dead()), None)
+        return next((p.dead() for p in self.procs if p.dead()), None) or (self.spark.dead() if self.spark is not None else None)
 
     def location_loaded(self) -> bool:
         try:
@@ -315,6 +316,8 @@ class Stack:
             return
         self.stopped = True
         left = {p.name: p.stop() for p in reversed(self.procs)}
+        if self.spark is not None:
+            self.spark.stop()  # by its process group; raises if anything of it survives SIGKILL
         assert not any(left.values()), f"processes left after killing their groups: {left}"
 
 
@@ -370,40 +373,35 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
     assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text()
     stack = Stack(tmp, cfg.export_env(), store, spec, make_events(), free_port(), home)
 
-    # One Spark Connect server for every run of the test (DESIGN §5 Latency).
-    procs = []
-    sc_port = free_port()
-    if remote is None:
-        sc_env = clean_env()
-        sc_env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp / "spark-logs"),
-                      SPARK_PID_DIR=str(tmp / "spark-pids"), SPARK_CONNECT_MODE="0")
-        confs = {**CONNECT_CONF, "spark.connect.grpc.binding.port": str(sc_port), "spark.connect.grpc.binding.address": "127.0.0.1",
-                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                 "spark.pyspark.python": sys.executable, "spark.local.dir": str(tmp / "spark-local")}
-        procs.append(Proc("spark-connect", [
-            f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--name", "wire-e2e-connect", "--master", "local[2]", "--driver-memory", "1g",
-            *[x for k, v in confs.items() for x in ("--conf", f"{k}={v}")],
-        ], sc_env, tmp / "spark-connect.log"))
-        remote = f"sc://127.0.0.1:{sc_port}"
     dev_env = clean_env()
     dev_env.update(stack.s3_env)
-    dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_SPARK_REMOTE=remote, WIRE_TICK_LOG_LEVEL="INFO")
+    dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_TICK_LOG_LEVEL="INFO")
     dev = Proc("dagster-dev", dagster_dev_command(stack.port), dev_env, tmp / "dagster-dev.log", cwd=str(Path(__file__).resolve().parent.parent))
-    stack.procs = procs + [dev]
+    stack.procs = [dev]
     try:
+        # One Spark Connect server for every run of the test (DESIGN §5 Latency).
+        if remote is None:
+            from wire_dagster.sparkserver import EmbeddedSpark
+
+            stack.spark = EmbeddedSpark(tmp / "spark")
+            # Launched now, ready-waited below: it starts while dagster dev loads its code location.
+            remote = stack.spark.start(master="local[2]", driver_memory="1g", conf=CONNECT_CONF, wait=False)
+        dev_env["WIRE_SPARK_REMOTE"] = remote
         for p in stack.procs:
             p.start()
-        host, port = remote[len("sc://"):].split(":")[0], int(remote.rsplit(":", 1)[1])
+        if stack.spark is not None:
+            stack.spark.wait_ready(START_TIMEOUT)
+        else:
+            host, port = remote[len("sc://"):].split(":")[0], int(remote.rsplit(":", 1)[1])
 
-        def listening() -> bool:
-            try:
-                with socket.create_connection((host, port), timeout=1):
-                    return True
-            except OSError:
-                return False
+            def listening() -> bool:
+                try:
+                    with socket.create_connection((host, port), timeout=1):
+                        return True
+                except OSError:
+                    return False
 
-        wait_until(listening, START_TIMEOUT, f"Spark Connect server listening at {remote}", stack.alive)
+            wait_until(listening, START_TIMEOUT, f"Spark Connect server listening at {remote}", stack.alive)
         wait_until(stack.location_loaded, START_TIMEOUT, "dagster dev: code location loaded", stack.alive, every=1.0)
 
         f = tmp / "events.jsonl"
@@ -417,6 +415,8 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
     except BaseException:
         for p in stack.procs:
             print(f"---- {p.name} log tail ----\n{p.tail(6000)}", file=sys.stderr)
+        if stack.spark is not None:
+            print(f"---- spark-connect log tail ----\n{stack.spark._log_tail(6000)}", file=sys.stderr)
         stack.stop()
         raise
 

@@ -1,8 +1,9 @@
 """The live stack of the latency and recovery benchmarks, and what they read from it.
 
     embedded S3      SeaweedFS (`weed mini`) under a temporary WIRE_HOME, its own process group
-    Spark Connect    `spark-submit ... SparkConnectServer` (local[2]) in the foreground, own process
-                     group; runs attach to it through WIRE_SPARK_REMOTE instead of booting a JVM
+    Spark Connect    the embedded Spark server (wire_dagster.sparkserver.EmbeddedSpark, local[2]) under
+                     the same WIRE_HOME, own process group; runs attach to it through WIRE_SPARK_REMOTE
+                     instead of booting a JVM
     dagster dev      webserver + daemon + code server, own process group, a temporary DAGSTER_HOME
                      whose dagster.yaml is the project's (wire_dagster.devstack.INSTANCE_YAML) plus
                      the overrides a benchmark asks for, and a temporary WIRE_PIPELINES directory
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,7 +40,6 @@ from dagster_stack import (
     Proc,
     clean_env,
     free_port,
-    spark_home,
     wait_until,
 )
 
@@ -88,6 +87,7 @@ class BenchStack:
     spark_ui: bool = False  # the Connect server's UI + REST API (job times), bound to 127.0.0.1
     procs: list[Proc] = field(default_factory=list)
     s3: object = None
+    spark: object = None  # the EmbeddedSpark the runs attach to
     store: object = None
     spec: object = None
     remote: str = ""
@@ -125,25 +125,18 @@ class BenchStack:
             self.instance = instance_config(self.instance_overrides)
             (self.home / "dagster.yaml").write_text(yaml.safe_dump(self.instance, sort_keys=False))
 
-            sc_port = free_port()
-            self.remote = f"sc://127.0.0.1:{sc_port}"
-            sc_env = clean_env()
-            sc_env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(self.tmp / "spark-logs"),
-                          SPARK_PID_DIR=str(self.tmp / "spark-pids"), SPARK_CONNECT_MODE="0")
-            confs = {**CONNECT_CONF, "spark.connect.grpc.binding.port": str(sc_port), "spark.connect.grpc.binding.address": "127.0.0.1",
-                     "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                     "spark.pyspark.python": sys.executable, "spark.local.dir": str(self.tmp / "spark-local")}
+            from wire_dagster.sparkserver import EmbeddedSpark
+
+            confs = dict(CONNECT_CONF)
             if self.spark_ui:
                 self.ui_port = free_port()
                 # SPARK_LOCAL_IP=127.0.0.1 binds the UI to loopback; keep every job of the benchmark.
                 confs.update({"spark.ui.enabled": "true", "spark.ui.port": str(self.ui_port), "spark.ui.retainedJobs": "100000",
                               "spark.ui.retainedStages": "100000", "spark.sql.ui.retainedExecutions": "100000",
                               "spark.port.maxRetries": "0"})
-            self.procs.append(Proc("spark-connect", [
-                f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-                "--name", "wire-bench-connect", "--master", "local[2]", "--driver-memory", "1g",
-                *[x for k, v in confs.items() for x in ("--conf", f"{k}={v}")],
-            ], sc_env, self.tmp / "spark-connect.log").start())
+            self.spark = EmbeddedSpark(wire_home / "spark")
+            # Launched now, ready-waited below: it starts while dagster dev loads its code location.
+            self.remote = self.spark.start(master="local[2]", driver_memory="1g", conf=confs, wait=False)
 
             self.port = free_port()
             dev_env = clean_env()
@@ -155,7 +148,7 @@ class BenchStack:
                                    cwd=str(ROOT)).start())
 
             t0 = time.monotonic()
-            wait_until(self._connect_ready, START_TIMEOUT, f"Spark Connect server answering at {self.remote}", self.alive, every=1.0)
+            self.spark.wait_ready(START_TIMEOUT)
             log(f"Spark Connect at {self.remote} answered a query ({time.monotonic() - t0:.1f}s)")
             wait_until(self.location_loaded, START_TIMEOUT, "dagster dev: code location loaded", self.alive, every=1.0)
             log(f"dagster dev at {self.url}, code location loaded ({time.monotonic() - t0:.1f}s)")
@@ -163,32 +156,27 @@ class BenchStack:
         except BaseException:
             for p in self.procs:
                 print(f"---- {p.name} log tail ----\n{p.tail(4000)}", file=sys.stderr)
+            if self.spark is not None:
+                print(f"---- spark-connect log tail ----\n{self.spark._log_tail(4000)}", file=sys.stderr)
             self.stop()
             raise
 
-    def _connect_ready(self) -> bool:
-        host, port = "127.0.0.1", int(self.remote.rsplit(":", 1)[1])
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                pass
-        except OSError:
-            return False
-        # Ready = a client in another process (a Connect session marks its whole process as remote) ran a query.
-        probe = f"from pyspark.sql import SparkSession as S; assert S.builder.remote({self.remote!r}).getOrCreate().range(3).count() == 3"
-        try:
-            return subprocess.run([sys.executable, "-c", probe], env=clean_env(), capture_output=True, timeout=120, check=False).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
-
     def alive(self) -> str | None:
-        return next((p.dead() for p in self.procs if p.dead()), None)
+        return next((p.dead() for p in self.procs if p.dead()), None) or (self.spark.dead() if self.spark is not None else None)
 
-    def stop(self) -> dict[str, list[int]]:
+    def stop(self) -> dict[str, list]:
         """Stop dagster dev, then Spark Connect (each by its process group), then the S3 server; what was left (nothing)."""
         if self.stopped:
             return {}
         self.stopped = True
         left = {p.name: p.stop() for p in reversed(self.procs)}
+        if self.spark is not None:
+            from wire_dagster.errors import SparkServerError
+
+            try:
+                self.spark.stop()
+            except SparkServerError as exc:  # its group survived SIGKILL
+                left["spark-connect"] = [str(exc)]
         if self.s3 is not None:
             self.s3.stop()
         bad = {k: v for k, v in left.items() if v}

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from dagster_stack import wait_until
 
 from wire_dagster.sparkserver import EmbeddedSpark

@@ -11,11 +11,18 @@ watermarks `W_{N-1}` and `W_N`, it computes (DESIGN §1):
 - the counts that must balance: ``in = counted + late + duplicate`` per window.
 
 Events, and the window state and id memory carried from N-1, are read from the
-object store on the executors (``mapInArrow`` with pyarrow's S3 filesystem). Spark
-de-duplicates ids over the whole epoch, then shuffles events and carried rows by key
-bucket; each bucket's windows are computed in Arrow by DuckDB (`bucketkernel`). Only
-results, the new state and dead letters — bounded by window state, not by input —
-come back to the driver, as Arrow tables, which stages them.
+object store on the executors (pyarrow's S3 filesystem), in one of two plans with
+the same results:
+
+- one task (an epoch small enough for one worker: `sparksession.single_task_rows`):
+  a one-row DataFrame drives a `mapInArrow` task that reads the chunks and the
+  carried rows itself and computes every window with DuckDB (`bucketkernel`);
+- key buckets: Spark reads the chunks in parallel, de-duplicates ids over the whole
+  epoch, then shuffles events and carried rows by key bucket; each bucket's windows
+  are computed by the same DuckDB code in a Python worker (`applyInArrow`).
+
+Only results, the new state and dead letters — bounded by window state, not by
+input — come back to the driver, as Arrow tables, which stages them.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ def _fs(opts: dict):
     return _FS_CACHE[k]
 
 
-def _read_key(fs, bucket: str, key: str, schema: pa.Schema, extra: list[tuple[str, pa.DataType, object]]) -> pa.Table:
+def _read_key(fs, bucket: str, key: str, schema: pa.Schema | None, extra: list[tuple[str, pa.DataType, object]]) -> pa.Table:
     """One Parquet object of the store, with constant `extra` columns (name, type, value) appended."""
     import pyarrow.parquet as pq
 
@@ -95,7 +102,8 @@ class Chunks:
         """The events as one Arrow table, read here (in the task that holds the whole epoch)."""
         fs = _fs(self.fs_options)
         out = pa.schema(list(self.schema) + [pa.field(n, t) for n, t in self.extra])
-        parts = [_read_key(fs, self.bucket, k, self.schema, [(SEG, pa.string(), seg), (SEQ, pa.int64(), seq)]) for k, seg, seq in self.keys]
+        parts = [_read_key(fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq))])
+                 for k, seg, seq in self.keys]
         return pa.concat_tables([t.select(out.names).cast(out) for t in parts]) if parts else out.empty_table()
 
 
@@ -268,11 +276,7 @@ def _one_task(spark, spec: Pipeline, events: Chunks | pa.Table, state, ids, w_pr
 
 def _load(src: pa.Table | Stored | None) -> pa.Table | None:
     """A carried table, read from the store when it is `Stored` (on the executor running this)."""
-    if isinstance(src, Stored):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(f"{src.bucket}/{src.key}", filesystem=_fs(src.fs_options))
-    return src
+    return _read_key(_fs(src.fs_options), src.bucket, src.key, None, []) if isinstance(src, Stored) else src
 
 
 def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int):

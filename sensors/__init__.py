@@ -1,11 +1,12 @@
 """Watermark sensors and schedules: small factories over the core planner.
 
 A sensor reads the stream's offsets and watermark (`wire_dagster.planner.plan`)
-and returns `SensorResult(run_requests, cursor)`: one run per epoch, over the
-partitions it makes ready or that late data changes (one partition, or a range
-tagged as Dagster's single-run backfills are), keyed by (pipeline, epoch,
-partitions) so a tick never launches twice, and a cursor that moves only with committed
-epochs. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
+and returns `SensorResult(run_requests, cursor)`: one run for the backlog of
+pending epochs (and one per committed epoch not yet reported), over the
+partitions they make ready or that late data changes (one partition, or a range
+tagged as Dagster's single-run backfills are), keyed by (pipeline, epochs,
+partitions) so a tick never launches twice, and a cursor whose epoch moves only with
+commits. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
 """
 
 
@@ -13,7 +14,7 @@ import dagster as dg
 
 from assets import RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags
 from resources import ObjectStoreResource
-from wire_dagster.planner import plan, spans
+from wire_dagster.planner import plan
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
 
@@ -31,8 +32,8 @@ def run_requests(spec: Pipeline, store, cursor: str | None) -> tuple[list[dg.Run
     Dagster's single-run backfills tag it), the new cursor, and a one-line summary."""
     p = plan(store, spec, cursor)
     reqs = []
-    for s in spans(p.requests):
-        tags = {**pipeline_tags(spec), "wire/epoch": str(s.epoch), "wire/reason": ",".join(s.reasons)}
+    for s in p.runs:
+        tags = {**pipeline_tags(spec), "wire/epoch": s.epochs, "wire/reason": ",".join(s.reasons)}
         if s.first == s.last:
             reqs.append(dg.RunRequest(run_key=s.run_key(spec.name), partition_key=partition_key(spec, s.first), tags=tags))
         else:

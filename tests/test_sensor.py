@@ -50,6 +50,9 @@ PIPELINE = {
 }
 
 
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+
+
 def key_of(p: int) -> str:
     """Run key `<pipeline>:e<epoch>:<partition start ISO>` without the project's formatter."""
     return f"2026-01-01T00:{(p - T0) // M:02d}:00.000Z"
@@ -191,12 +194,16 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     out = process(store, spec, spark, max_epochs=5)
     assert out.committed == [1], out.committed
     assert out.manifest.watermark == w1
-    # (c) after the commit: the cursor moves to epoch 1; the committed epoch's ready partitions carry the
-    # planned run keys (Dagster deduplicates them), and nothing else is asked for.
+    # (c) after the commit: the cursor moves to epoch 1; the run requested before reports what epoch 1
+    # changed, so nothing is asked for again.
     r2 = evaluate(sensor, s3_env, r1.cursor)
     assert cursor_epoch(r2) == 1
-    assert keys(r2) == keys(r1)
-    assert {r.tags["wire/reason"] for r in r2.run_requests} == {"committed"}
+    assert keys(r2) == []
+    # Without that plan in the cursor (a schedule, or a sensor whose request differed), the committed
+    # epoch's ready partitions are requested, under the run key the plan had (Dagster deduplicates it).
+    r2b = evaluate(sensor, s3_env, json.dumps({"epoch": 0}))
+    assert keys(r2b) == keys(r1)
+    assert {r.tags["wire/reason"] for r in r2b.run_requests} == {"committed"}
     r3 = evaluate(sensor, s3_env, r2.cursor)
     assert keys(r3) == [] and r3.cursor == r2.cursor
 
@@ -233,7 +240,8 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     assert {p for ps in m2.changed.values() for p in ps if ready(m2.watermark, p)} == {T0 + 3 * M}
     r5 = evaluate(sensor, s3_env, r4.cursor)
     assert cursor_epoch(r5) == 2
-    assert keys(r5) == keys(r4)
+    assert keys(r5) == []  # the late-data run covers what epoch 2 changed
+    assert keys(evaluate(sensor, s3_env, r3.cursor)) == keys(r4)  # and is what is asked for without the plan
 
 
 def test_unreachable_store_raises(spec, sensor, s3_env):
@@ -277,23 +285,24 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
         r = evaluate(sens, s3_env, cursor)
         reqs = r.run_requests or []
         assert reqs, f"epoch {n}: chunks are pending and the sensor requested nothing"
-        assert str(n) in {q.tags["wire/epoch"] for q in reqs}, (n, keys(r))
-        seen += [(int(q.tags["wire/epoch"]), q.partition_key, q.tags["wire/reason"]) for q in reqs]
-        # what the requested run does: commit the next epoch
+        # one run for the backlog: epochs n..7
+        assert [q.tags["wire/epoch"] for q in reqs] == [f"{n}-7" if n < 7 else "7"], (n, keys(r))
+        seen += [(n, q.partition_key, q.tags["wire/reason"]) for q in reqs]
+        # what the requested run does, here one epoch at a time: commit the next epoch
         assert process(store, hourly, spark, max_epochs=1).committed == [n]
         cursor = r.cursor
-    assert seen[0] == (1, "2026-01-01-00:00", "progress")  # nothing ready yet: the first partition
-    # W passed 00:10 in some epoch: from then on the hour was requested as ready (or as committed)
-    assert any(p == "2026-01-01-00:00" and {"ready", "committed"} & set(why.split(",")) for _, p, why in seen), seen
+    assert seen[0][:2] == (1, "2026-01-01-00:00") and "progress" in seen[0][2]  # reported before it is ready
+    # W passed 00:10 in some epoch: from then on the hour was requested as ready
+    assert any(p == "2026-01-01-00:00" and "ready" in why.split(",") for _, p, why in seen), seen
     r = evaluate(sens, s3_env, cursor)
     assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if "progress" in q.tags["wire/reason"].split(",")]
 
 
 def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark):
     """Four chunks pending, one chunk per epoch: the next run commits all four epochs, so one
-    evaluation requests a run for each of them, with the partitions each makes ready; once they
-    are committed the sensor asks for nothing it has not already asked for (a tick that follows
-    launches no run). It used to predict only the next epoch, so a second tick was needed.
+    evaluation requests one run for all of them, over the partitions they make ready; once they
+    are committed the sensor asks for nothing more (a tick that follows launches no run). It used
+    to predict only the next epoch, so a second tick was needed, and then one run per epoch.
 
         chunk k = minute k, events at :00 .. :50     W_k = k:50 - B = k:45
         epoch 1 (chunk 0)  W 0:45   nothing ready: progress run for p0
@@ -321,12 +330,14 @@ def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark
         want += [(n, dagster_partition(p), "ready") for p in now_ready] or [(n, dagster_partition(T0), "progress")]
         w_prev = w
     r1 = evaluate(sens, s3_env, None)
-    got = [(int(q.tags["wire/epoch"]), q.partition_key, q.tags["wire/reason"]) for q in r1.run_requests]
-    assert got == want
+    ps = sorted({p for _, p, _ in want})
+    [rr] = r1.run_requests
+    assert rr.tags["wire/epoch"] == "1-4" and set(rr.tags["wire/reason"].split(",")) == {why for _, _, why in want}
+    assert (rr.tags[RANGE_START], rr.tags[RANGE_END]) == (ps[0], ps[-1])
+    assert rr.run_key == f"backlog:e1-4:{key_of(T0)}..{key_of(T0 + 2 * M)}"
     assert process(store, spec, spark, max_epochs=100).committed == [1, 2, 3, 4]
     r2 = evaluate(sens, s3_env, r1.cursor)
-    assert cursor_epoch(r2) == 4
-    assert keys(r2) and set(keys(r2)) <= set(keys(r1)), (keys(r2), keys(r1))
+    assert cursor_epoch(r2) == 4 and keys(r2) == []
 
 
 def test_one_run_per_epoch_over_its_partition_range():
@@ -341,3 +352,8 @@ def test_one_run_per_epoch_over_its_partition_range():
         (2, T0 + 3 * M, T0 + 3 * M, ("ready",), run_key(2, T0 + 3 * M)),
     ]
     assert run_key(1, T0, T0 + 2 * M) == "sens:e1:2026-01-01T00:00:00.000Z..2026-01-01T00:02:00.000Z"
+    # Epochs from `pending_from` on are the backlog the next run commits: one run for all of them.
+    backlog = reqs + [Request(3, T0 + 4 * M, "ready")]
+    got = [(s.epochs, s.first, s.last, s.run_key("sens")) for s in spans(backlog, pending_from=2)]
+    assert got == [("1", T0, T0 + 2 * M, run_key(1, T0, T0 + 2 * M)),
+                   ("2-3", T0 + 3 * M, T0 + 4 * M, "sens:e2-3:2026-01-01T00:03:00.000Z..2026-01-01T00:04:00.000Z")]

@@ -5,11 +5,13 @@ W >= p_end + allowed_lateness. The planner returns one request per partition
 and epoch: for every committed epoch after the cursor, the partitions it
 changed (or made ready); and for the pending chunks, epoch by epoch as the next
 run will commit them (up to `max_epochs_per_run`), the partitions each epoch
-will make ready or that late data in it can change. `spans` groups them
-into one run per epoch over the range of its partitions, keyed by (pipeline,
-epoch, first, last), so a planned run and the same epoch's committed change
-coincide when they cover the same partitions, and one tick never launches twice. The cursor is
-the last committed epoch seen: it moves only with commits.
+will make ready or that late data in it can change. `spans` makes them runs:
+one per committed epoch over the range of its partitions, and one for the
+whole backlog of pending epochs (the run that commits them all reports each
+partition once), keyed by (pipeline, epochs, first, last partition), so one
+tick never launches twice. The cursor holds the last committed epoch seen (it
+moves only with commits) and the backlog run just requested: once its epochs
+are committed, what they changed inside its range is not requested again.
 """
 
 from __future__ import annotations
@@ -35,36 +37,53 @@ class Request:
         return run_key(pipeline, self.epoch, self.partition, self.partition)
 
 
-def run_key(pipeline: str, epoch: int, first: int, last: int) -> str:
-    """`<pipeline>:e<epoch>:<partition>` for one partition, `...:<first>..<last>` for a range."""
-    return f"{pipeline}:e{epoch}:{iso(first)}" + (f"..{iso(last)}" if last != first else "")
+def run_key(pipeline: str, epoch: int, first: int, last: int, last_epoch: int | None = None) -> str:
+    """`<pipeline>:e<epoch>:<partition>` for one epoch and partition; `e<epoch>-<last epoch>` for
+    the epochs of a backlog, `...:<first>..<last>` for a range of partitions."""
+    epochs = f"e{epoch}" + (f"-{last_epoch}" if last_epoch is not None and last_epoch != epoch else "")
+    return f"{pipeline}:{epochs}:{iso(first)}" + (f"..{iso(last)}" if last != first else "")
 
 
 @dataclass(frozen=True)
 class RunSpan:
-    """One run: an epoch and the consecutive partitions [first, last] it reports (every one of
-    them is ready: the requested ones are, and W is monotonic)."""
+    """One run: the epochs [epoch, last_epoch] it is for and the consecutive partitions
+    [first, last] it reports (every one of them is ready once those epochs are committed: the
+    requested ones are, and W is monotonic)."""
 
     epoch: int
     first: int
     last: int
     reasons: tuple[str, ...]
+    last_epoch: int | None = None  # the last epoch of a backlog run (None: one epoch)
+
+    @property
+    def epochs(self) -> str:
+        """`N`, or `N-M` for a backlog run."""
+        return str(self.epoch) + (f"-{self.last_epoch}" if self.last_epoch not in (None, self.epoch) else "")
 
     def run_key(self, pipeline: str) -> str:
-        return run_key(pipeline, self.epoch, self.first, self.last)
+        return run_key(pipeline, self.epoch, self.first, self.last, self.last_epoch)
 
 
-def spans(requests: list[Request]) -> list[RunSpan]:
-    """One run per epoch, covering the range of its requested partitions: a run commits every
-    pending epoch and reports each partition of its range, so one run per partition would
-    mostly be runs that only report."""
+def _span(rs: list[Request]) -> RunSpan:
+    first_epoch, last_epoch = min(r.epoch for r in rs), max(r.epoch for r in rs)
+    return RunSpan(first_epoch, min(r.partition for r in rs), max(r.partition for r in rs),
+                   tuple(sorted({r.reason for r in rs})), last_epoch if last_epoch != first_epoch else None)
+
+
+def spans(requests: list[Request], pending_from: int | None = None) -> list[RunSpan]:
+    """The runs of an evaluation: one per committed epoch, covering the range of its requested
+    partitions; and one for every epoch from `pending_from` on (the backlog the next run
+    commits in one go: it commits every pending epoch, then reports each partition of the
+    range once), so a backlog of N epochs is one run, not N runs that mostly only report."""
     by: dict[int, list[Request]] = {}
+    backlog = []
     for r in requests:
-        by.setdefault(r.epoch, []).append(r)
-    return [
-        RunSpan(n, min(r.partition for r in rs), max(r.partition for r in rs), tuple(sorted({r.reason for r in rs})))
-        for n, rs in sorted(by.items())
-    ]
+        if pending_from is not None and r.epoch >= pending_from:
+            backlog.append(r)
+        else:
+            by.setdefault(r.epoch, []).append(r)
+    return [_span(rs) for _, rs in sorted(by.items())] + ([_span(backlog)] if backlog else [])
 
 
 @dataclass(frozen=True)
@@ -76,11 +95,23 @@ class Plan:
     predicted_watermark: int
     pending_chunks: int
 
+    @property
+    def runs(self) -> list[RunSpan]:
+        return spans(self.requests, self.committed_epoch + 1)
+
 
 def parse_cursor(cursor: str | None) -> int:
+    """The last committed epoch the previous evaluation saw (0 for none)."""
     if not cursor:
         return 0
     return int(json.loads(cursor).get("epoch", 0))
+
+
+def parse_planned(cursor: str | None) -> tuple[int, int, int] | None:
+    """(last epoch, first partition, last partition) of the backlog run the previous evaluation
+    requested, if any."""
+    planned = json.loads(cursor).get("planned") if cursor else None
+    return (int(planned["to"]), int(planned["first"]), int(planned["last"])) if planned else None
 
 
 def _partitions_between(spec: Pipeline, w_lo: int, w_hi: int, hi_t: int, lo_t: int | None = None) -> list[int]:
@@ -133,6 +164,7 @@ def progress_partition(spec: Pipeline, w: int) -> int:
 def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None = None) -> Plan:
     cp = Checkpoints(store, spec.name)
     seen = parse_cursor(cursor)
+    planned = parse_planned(cursor)
     latest = cp.latest()
     committed = latest.epoch if latest else 0
     reqs: dict[tuple[int, int], Request] = {}
@@ -140,12 +172,13 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         if cp.marker(n) is None:
             continue
         m = cp.load(n) if n != committed else latest
-        for parts in m.changed.values():
-            for p in parts:
-                # A run is for a ready partition: a window that fired into a partition
-                # whose end W has not reached yet is reported once the partition is ready.
-                if m.watermark >= p + spec.partition:
-                    reqs.setdefault((n, p), Request(n, p, "committed"))
+        # A run is for a ready partition: a window that fired into a partition whose end W
+        # has not reached yet is reported once the partition is ready.
+        ready = {p for parts in m.changed.values() for p in parts if m.watermark >= p + spec.partition}
+        if planned and m.kind == "process" and n <= planned[0] and all(planned[1] <= p <= planned[2] for p in ready):
+            continue  # the backlog run the previous evaluation requested reports these
+        for p in sorted(ready):
+            reqs.setdefault((n, p), Request(n, p, "committed"))
     w = latest.watermark if latest else NEG_INF
     offsets = latest.remap if latest else {}
     views = read_stream(store, spec.stream, offsets)
@@ -174,7 +207,14 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         w, segs, offsets, replay = clock.watermark, clock.segments, clock.remap, replay[1:]
         views = {s: SegmentView(s, [c for c in v.chunks if c.seq >= offsets.get(s, 0)], v.sealed_at) for s, v in views.items()}
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
-    return Plan(ordered, json.dumps({"epoch": committed}), committed, latest.watermark if latest else NEG_INF, predicted, pending)
+    # The cursor: the last committed epoch (it moves only with commits), and the backlog run
+    # requested now, whose epochs the next evaluations then need not request again once committed.
+    state: dict = {"epoch": committed}
+    backlog = [r for r in ordered if r.epoch > committed]
+    if backlog:
+        state["planned"] = {"to": max(r.epoch for r in backlog),
+                            "first": min(r.partition for r in backlog), "last": max(r.partition for r in backlog)}
+    return Plan(ordered, json.dumps(state), committed, latest.watermark if latest else NEG_INF, predicted, pending)
 
 
 def _request_epoch(spec: Pipeline, reqs: dict, nxt: int, w: int, clock, taken: dict, reads: bool) -> None:

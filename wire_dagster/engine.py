@@ -116,8 +116,11 @@ def process(
     """Commit up to `max_epochs` new epochs of the pipeline (none if nothing changed).
 
     Restart-safe: it starts from the last committed epoch, repairs published output
-    that differs from it, and ignores every uncommitted attempt. Garbage collection
-    keeps the last `keep_epochs` committed epochs (default: WIRE_KEEP_EPOCHS, else 10).
+    that differs from it, and ignores every uncommitted attempt. Once the epochs are
+    committed, the partitions they changed are published and garbage collection keeps
+    the last `keep_epochs` committed epochs (default: WIRE_KEEP_EPOCHS, else 10) — once
+    per call, not per epoch: a backlog's intermediate outputs are never published (if
+    the call fails half-way, the next one's self-correction publishes what is committed).
     """
     keep_epochs = keep_epochs_setting(keep_epochs)
     cp = Checkpoints(store, spec.name)
@@ -125,17 +128,22 @@ def process(
     out = Outcome(manifest=prev)
     if prev is not None:
         out.repaired = cp.publish(prev)
+    known: dict[str, ChunkMeta] = {}  # the stream's index objects read so far (they never change)
+    changed: dict[str, set[int]] = {}
     for _ in range(max_epochs):
-        m = _one_epoch(store, cp, spec, spark, prev, run_id or new_run_id(), now, progress)
+        m = _one_epoch(store, cp, spec, spark, prev, run_id or new_run_id(), now, progress, known)
         run_id = None
         if m is None:
             break
         out.committed.append(m.epoch)
         out.manifest = prev = m
-        cp.publish(m, {w: ps for w, ps in m.changed.items()})
-        cp.gc(keep=keep_epochs, current_run=m.run_id)
+        for w, ps in m.changed.items():
+            changed.setdefault(w, set()).update(ps)
+    if out.committed:
+        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
+        cp.gc(keep=keep_epochs, current_run=prev.run_id)
     offsets = prev.remap if prev else {}
-    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
+    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets, known).values())
     return out
 
 
@@ -171,9 +179,10 @@ def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
     return None
 
 
-def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | None, run_id: str, now, progress) -> Manifest | None:
+def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | None, run_id: str, now, progress,
+               known: dict[str, ChunkMeta] | None = None) -> Manifest | None:
     offsets = prev.remap if prev else {}
-    views = read_stream(store, spec.stream, offsets)
+    views = read_stream(store, spec.stream, offsets, known)
     replay = list(prev.replay) if prev else []
     decisions = None
     if replay:

@@ -632,12 +632,17 @@ class SegmentView:
     sealed_at: int | None  # last sequence if sealed
 
 
-def read_stream(store: ObjectStore, stream: str, offsets: dict[str, int]) -> dict[str, SegmentView]:
+def read_stream(
+    store: ObjectStore, stream: str, offsets: dict[str, int], known: dict[str, ChunkMeta] | None = None
+) -> dict[str, SegmentView]:
     """New chunks of every segment after the offset vector (next sequence to read).
 
     Lists only each segment's index after its offset (start-after), never the bucket.
-    Stops at the first gap so the offset vector stays gapless.
+    Stops at the first gap so the offset vector stays gapless. `known` (index key -> chunk,
+    filled here) spares the reads of index objects already read: a claimed chunk never
+    changes, so a caller reading the stream epoch after epoch reads each index once.
     """
+    known = {} if known is None else known
     views = {}
     for seg in list_segments(store, stream):
         start = offsets.get(seg, 0)
@@ -649,7 +654,9 @@ def read_stream(store: ObjectStore, stream: str, offsets: dict[str, int]) -> dic
             seq = int(info.key.rsplit("/", 1)[1].split(".")[0])
             if seq != expect or (sealed is not None and seq > sealed):
                 break
-            chunks.append(ChunkMeta.from_json(json.loads(store.get(info.key))))
+            if info.key not in known:
+                known[info.key] = ChunkMeta.from_json(json.loads(store.get(info.key)))
+            chunks.append(known[info.key])
             expect += 1
         views[seg] = SegmentView(seg, chunks, sealed)
     return views

@@ -82,6 +82,15 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def group_gone(pgid: int) -> bool:
+    """True once the kernel knows no process of group `pgid` (zombies included: they must be reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def wait_until(cond: Callable[[], object], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None, every: float = 0.5):
     """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()` reports death."""
     deadline = time.monotonic() + timeout

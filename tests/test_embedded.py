@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dagster_stack import wait_until
+from dagster_stack import group_gone, wait_until
 
 from wire_dagster.embedded import EmbeddedS3, default_home, resolve_s3
 from wire_dagster.errors import ObjectStoreError
@@ -79,15 +79,6 @@ def test_start_twice_reuses_the_process(server: EmbeddedS3) -> None:
     assert _pid_info(server)["pid"] == pid
     assert again == server.config
     assert server.running()
-
-
-def group_gone(pgid: int) -> bool:
-    """True once the kernel knows no process of group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def wait_group_gone(pgid: int) -> None:

@@ -103,6 +103,18 @@ def sensor(spec):
     return build_definitions(pipelines=[spec]).resolve_sensor_def(sensor_name(spec))
 
 
+def spec_and_sensor(tmp_path: Path, name: str, **changes):
+    """A variant of PIPELINE (its own name and stream) written to a file, and its sensor."""
+    from definitions import build_definitions
+    from sensors import sensor_name
+
+    path = tmp_path / "pipelines" / f"{name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump({**PIPELINE, "name": name, "stream": name, **changes}))
+    spec = load_pipeline(path)
+    return spec, build_definitions(pipelines=[spec]).resolve_sensor_def(sensor_name(spec))
+
+
 def store_resource(env: dict[str, str], endpoint: str | None = None) -> ObjectStoreResource:
     return ObjectStoreResource(
         endpoint=endpoint or env["WIRE_S3_ENDPOINT"],
@@ -265,17 +277,10 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
     ready. The sensor must still request a run for every pending epoch (reporting the newest
     ready partition, or the first), so the watermark reaches the partition end; it used to
     request nothing, forever."""
-    from definitions import build_definitions
-    from sensors import sensor_name
     from wire_dagster.engine import process
     from wire_dagster.planner import parse_cursor
 
-    d = {**PIPELINE, "name": "hourly", "stream": "hourly", "partition": "10m", "limits": {"max_chunks_per_epoch": 1}}
-    path = tmp_path / "pipelines" / "hourly.yaml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(d))
-    hourly = load_pipeline(path)
-    sens = build_definitions(pipelines=[hourly]).resolve_sensor_def(sensor_name(hourly))
+    hourly, sens = spec_and_sensor(tmp_path, "hourly", partition="10m", limits={"max_chunks_per_epoch": 1})
     # 7 chunks of 2 minutes each: event time 00:00 .. 00:14, one event every 10 s
     for k in range(7):
         produce_events(store, hourly, tmp_path, f"c{k}", [
@@ -310,16 +315,9 @@ def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark
         epoch 3 (chunk 2)  W 2:45   p1 ready
         epoch 4 (chunk 3)  W 3:45   p2 ready
     """
-    from definitions import build_definitions
-    from sensors import sensor_name
     from wire_dagster.engine import process
 
-    d = {**PIPELINE, "name": "backlog", "stream": "backlog", "limits": {"max_chunks_per_epoch": 1}}
-    path = tmp_path / "pipelines" / "backlog.yaml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(d))
-    spec = load_pipeline(path)
-    sens = build_definitions(pipelines=[spec]).resolve_sensor_def(sensor_name(spec))
+    spec, sens = spec_and_sensor(tmp_path, "backlog", limits={"max_chunks_per_epoch": 1})
     for k in range(4):
         produce_events(store, spec, tmp_path, f"c{k}", [
             {"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * M + i * 10 * S, "amount": 1} for i in range(6)])

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
-from dagster_stack import wait_until
+from dagster_stack import group_gone, wait_until
 
 from wire_dagster.sparkserver import EmbeddedSpark
 
@@ -49,14 +49,6 @@ def python(code: str, env: dict[str, str], timeout: float = 180) -> str:
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def servers_of(directory: Path) -> list[int]:

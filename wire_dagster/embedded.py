@@ -24,7 +24,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import string
 import subprocess
@@ -38,7 +37,7 @@ from pathlib import Path
 from .errors import ObjectStoreError, WireInputError
 from .objectstore import ObjectStore, S3Config
 from .procgroup import default_home  # noqa: F401 - re-exported: callers import it from here
-from .procgroup import group_alive as _group_alive
+from .procgroup import kill_group, wait_group_gone
 from .procgroup import pid_alive as _pid_alive
 
 HOST = "127.0.0.1"
@@ -375,29 +374,16 @@ class EmbeddedS3:
             if info is not None:
                 _remove_stale_sockets(info.get("ports") or {})
 
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self._proc.poll()  # reap our own child so that its group can disappear
+
     def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
-        """Wait until no process of group `pgid` runs; True if it is gone."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc is not None:
-                self._proc.poll()  # reap our own child so Popen knows it exited
-            if not _group_alive(pgid):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        return wait_group_gone(pgid, timeout, self._reap)
 
     def _kill_group(self, pgid: int, grace: float) -> None:
         """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        if self._wait_group_gone(pgid, grace):
-            return
-        with contextlib.suppress(OSError), open(self.log_file, "ab") as log:
-            log.write(f"=== wire: still running {grace:.0f}s after SIGTERM: SIGKILL ===\n".encode())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        if not self._wait_group_gone(pgid, 10):
+        if not kill_group(pgid, grace, self._reap, self.log_file):
             raise ObjectStoreError(f"embedded object store: process group {pgid} survived SIGKILL")
 
 

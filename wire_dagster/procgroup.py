@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -78,6 +81,35 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def wait_group_gone(pgid: int, timeout: float, reap: Callable[[], object] | None = None) -> bool:
+    """Wait (bounded) until no process of group `pgid` runs; True if it is gone. `reap` is called
+    on every check: a parent reaps its own child, so that its group can disappear."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if reap is not None:
+            reap()
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def kill_group(pgid: int, grace: float, reap: Callable[[], object] | None = None, note: Path | None = None) -> bool:
+    """SIGTERM to process group `pgid`, SIGKILL after `grace` s (with a line in the log file `note`);
+    True once no process of the group runs, False if it survived SIGKILL for 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    if wait_group_gone(pgid, grace, reap):
+        return True
+    if note is not None:
+        with contextlib.suppress(OSError), open(note, "ab") as log:
+            log.write(f"=== wire: still running {grace:.0f}s after SIGTERM: SIGKILL ===\n".encode())
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return wait_group_gone(pgid, 10, reap)
 
 
 def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:

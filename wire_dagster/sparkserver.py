@@ -30,7 +30,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .errors import SparkServerError, WireInputError
-from .procgroup import cmdline, default_home, group_alive, pid_alive, port_answers, port_free
+from .procgroup import cmdline, default_home, kill_group, pid_alive, port_answers, port_free, wait_group_gone
 
 HOST = "127.0.0.1"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -413,27 +412,16 @@ class EmbeddedSpark:
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
 
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self._proc.poll()  # reap our own child so that its group can disappear
+
     def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc is not None:
-                self._proc.poll()  # reap our own child so its group can disappear
-            if not group_alive(pgid):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        return wait_group_gone(pgid, timeout, self._reap)
 
     def _kill_group(self, pgid: int, grace: float) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        if self._wait_group_gone(pgid, grace):
-            return
-        with contextlib.suppress(OSError), open(self.log_file, "ab") as log:
-            log.write(f"=== wire: still running {grace:.0f}s after SIGTERM: SIGKILL ===\n".encode())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-        if not self._wait_group_gone(pgid, 10):
+        """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
+        if not kill_group(pgid, grace, self._reap, self.log_file):
             raise SparkServerError(f"embedded Spark server: process group {pgid} survived SIGKILL")
 
 

@@ -176,3 +176,10 @@ def test_the_secret_never_reaches_output_or_the_bucket(store: ObjectStore, cli_e
 @pytest.mark.parametrize("args", [["produce", "--pipeline", "clicks", "--file", "x.jsonl", "--bogus"], ["produce"]])
 def test_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     _assert_one_line_error(" ".join(args), _run_in_process(args, capsys), 2)
+
+
+def test_no_command_prints_the_help_and_no_empty_error(capsys: pytest.CaptureFixture[str]) -> None:
+    p = _run_in_process([], capsys)
+    assert p.returncode == 2
+    assert "Usage:" in p.stdout + p.stderr and "produce" in p.stdout + p.stderr
+    assert "error:" not in p.stderr, p.stderr

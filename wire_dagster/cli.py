@@ -447,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         # Usage errors (click's, or the copy of click typer bundles) carry exit_code 2.
         if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
-            err.print(f"error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+            # `wire` alone: click already printed the help, and its message is empty.
+            if message := e.format_message():
+                err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
             return 2 if e.exit_code == 2 else 1
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         err.print(f"error: {e.__class__.__name__}: {msg}", markup=False, highlight=False, soft_wrap=True)

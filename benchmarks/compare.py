@@ -77,23 +77,47 @@ def parse_duration_ms(s: str) -> int:
 
 
 class ProcTree(TreeRss):
-    """TreeRss over a child process and its descendants (Spark's JVM, its Python workers); the S3
-    server's RSS is sampled beside it, never counted in the tree.
+    """TreeRss over a child process and its descendants (Spark's JVM, its Python workers); the
+    servers' (the S3 server's and, in Wire's server mode, the Spark server's) RSS is sampled beside
+    it, never counted in the tree, and their CPU over the command is `servers_cpu()`.
 
     CPU: the child's own rusage (os.wait4: itself and the children it reaped) plus, for every
     descendant seen by the sampler, its last user + system time and that of the children it
     reaped (the JVM reaps its Python workers). A JVM is not reaped by the Python process that
     started it (it exits on its own once its parent is gone), so rusage alone would miss it."""
 
-    def __init__(self, pid: int, server_pid: int | None, interval: float = 0.2) -> None:
+    def __init__(self, pid: int, server_pids: list[int], interval: float = 0.2) -> None:
         import psutil
 
         super().__init__(interval=interval, exclude=("weed",))
         self._me = psutil.Process(pid)
-        self._server = psutil.Process(server_pid) if server_pid else None
+        self._servers = [psutil.Process(s) for s in server_pids]
         self.server_peak = 0
         self.with_server_peak = 0
         self.desc_cpu: dict[int, float] = {}
+        self._servers_cpu0 = self._servers_cpu_now()
+
+    def _servers_cpu_now(self) -> float:
+        """User + system seconds of the servers and their descendants so far (children they reaped included)."""
+        import psutil
+
+        total = 0.0
+        for server in self._servers:
+            try:
+                procs = [server, *server.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in procs:
+                try:
+                    t = proc.cpu_times()
+                except psutil.Error:
+                    continue
+                total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+    def servers_cpu(self) -> float:
+        """The servers' CPU seconds since this tree was created: the work they did for the command."""
+        return max(0.0, self._servers_cpu_now() - self._servers_cpu0)
 
     def sample(self) -> Peak:
         import psutil
@@ -109,11 +133,11 @@ class ProcTree(TreeRss):
         except psutil.Error:  # the child exited between two samples
             return Peak()
         s = 0
-        if self._server is not None:
+        for server in self._servers:
             try:
-                s = self._server.memory_info().rss + sum(c.memory_info().rss for c in self._server.children(recursive=True))
+                s += server.memory_info().rss + sum(c.memory_info().rss for c in server.children(recursive=True))
             except psutil.Error:
-                s = 0
+                continue
         self.server_peak = max(self.server_peak, s)
         self.with_server_peak = max(self.with_server_peak, p.total + s)
         return p
@@ -156,7 +180,7 @@ class LoadSampler:
 class Measured:
     cmd: list[str]
     wall: float
-    cpu: float  # user + system of the child and the descendants it reaped
+    cpu: float  # user + system of the child and the descendants it reaped, plus the servers' during the command
     peak: int  # process tree RSS, bytes
     server_peak: int
     with_server_peak: int
@@ -166,8 +190,9 @@ class Measured:
     t_end: float
 
 
-def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pid: int | None, timeout: float = CMD_TIMEOUT) -> Measured:
-    """Run `cmd` in its own process group; wall, CPU (rusage), peak tree RSS; fail loudly on a non-zero exit."""
+def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pids: list[int], timeout: float = CMD_TIMEOUT) -> Measured:
+    """Run `cmd` in its own process group; wall, CPU (rusage, plus what the servers in `server_pids`
+    spent meanwhile), peak tree RSS; fail loudly on a non-zero exit."""
     out_f, err_f = tmp / f"cmd-{uuid.uuid4().hex[:8]}.out", tmp / f"cmd-{uuid.uuid4().hex[:8]}.err"
     t_start = time.time()
     t0 = time.perf_counter()
@@ -185,7 +210,7 @@ def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pid: int
     timer = threading.Timer(timeout, on_timeout)
     timer.start()
     try:
-        with ProcTree(p.pid, server_pid) as mem:
+        with ProcTree(p.pid, server_pids) as mem:
             _, status, usage = os.wait4(p.pid, 0)
     finally:
         timer.cancel()
@@ -203,7 +228,7 @@ def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pid: int
         raise SystemExit(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}")
     if p.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} exited {p.returncode}:\n{stderr.strip()[-3000:]}")
-    cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values())
+    cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values()) + mem.servers_cpu()
     return Measured(cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak,
                     stdout, stderr, t_start, time.time())
 
@@ -312,7 +337,7 @@ class WireRun:
         return max(m.with_server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
 
 
-def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, server_pid: int | None, log) -> WireRun:
+def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log) -> WireRun:
     import pyarrow.parquet as pq
 
     r = WireRun()
@@ -320,11 +345,11 @@ def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, 
         f = data / "wire" / f"bids-s{s}.parquet"
         if not f.exists():
             continue
-        r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, "--file", str(f), "--segment", str(s)], env, tmp, server_pid))
+        r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, "--file", str(f), "--segment", str(s)], env, tmp, server_pids))
     log(f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(r.produce)} segments)")
-    r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pid)
+    r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pids)
     for _ in range(MAX_TICKS):
-        m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pid)
+        m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pids)
         if "sensor requested no run" in m.stdout:
             r.final_tick = m
             break
@@ -337,9 +362,9 @@ def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, 
         raise SystemExit(f"wire tick --pipeline {q.name}: still requesting runs after {MAX_TICKS} ticks")
     out = tmp / f"wire-{q.name}.parquet"
     r.read = run_measured([WIRE, "read", "--pipeline", q.name, "--window", q.window_name, "--format", "parquet", "-o", str(out)],
-                          env, tmp, server_pid)
+                          env, tmp, server_pids)
     r.result = normalize(pq.read_table(out), q.column)
-    st = run_measured([WIRE, "status", "--pipeline", q.name, "--json"], env, tmp, server_pid)
+    st = run_measured([WIRE, "status", "--pipeline", q.name, "--json"], env, tmp, server_pids)
     r.status = json.loads(st.stdout)
     return r
 
@@ -430,12 +455,12 @@ def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp:
         return c + (["--dedup"] if st.dedup else []) + (["--warm"] if warm_run else [])
 
     out = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
-    m = run_measured(cmd(out, False), env, tmp, None)
+    m = run_measured(cmd(out, False), env, tmp, [])
     info = json.loads(m.stdout.strip().splitlines()[-1])
     res = normalize(read_spark_output(out / "cold"), q.column)
     if warm:
         out2 = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
-        m2 = run_measured(cmd(out2, True), env, tmp, None)
+        m2 = run_measured(cmd(out2, True), env, tmp, [])
         info2 = json.loads(m2.stdout.strip().splitlines()[-1])
         for sub in ("cold", "warm"):
             if not normalize(read_spark_output(out2 / sub), q.column).equals(res):
@@ -452,7 +477,7 @@ def run_duckdb_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp
     cmd = [sys.executable, str(HERE / "peers.py"), "duckdb", "--query", q.name, "--src", str(data / "bids"), "--out", str(out)]
     if st.dedup:
         cmd.append("--dedup")
-    m = run_measured(cmd, env, tmp, None)
+    m = run_measured(cmd, env, tmp, [])
     info = json.loads(m.stdout.strip().splitlines()[-1])
     return PeerRun(m.wall, m.cpu, m.peak, info, normalize(pq.read_table(out), q.column))
 
@@ -526,7 +551,7 @@ def rate(n: int, s: float) -> str:
     return f"{n / s:,.0f}" if s > 0 else "-"
 
 
-def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSampler, gen_notes: list[str], external_s3: bool) -> str:
+def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSampler, gen_notes: list[str]) -> str:
     out = []
     now = datetime.now(UTC)
     out.append(f"# NEXMark-like comparison: Wire vs Spark Structured Streaming vs DuckDB — {now:%Y-%m-%d %H:%M} UTC\n")
@@ -555,10 +580,11 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
                "server was); Spark SS = one process: JVM start, "
                "query, stop; warm (with --warm) = the query's second run in one session of another process. Throughput counts bids (the only stream these queries "
                "read). **Wire ÷ X** is Wire's throughput over X's (> 1: Wire faster; the goal vs Spark SS is >= 2). Peak memory: "
-               "the largest process tree of the side (Wire: its largest command, the S3 server not included; it is in the last columns).\n")
+               "the largest process tree of the side (Wire: its largest command; the servers it needs, the S3 server and in server "
+               "mode the Spark server, are in the last columns, and their CPU during Wire's commands is in Wire's CPU).\n")
     head = ["events", "keys", "query", "Wire's Spark", "bids", "result rows", "equal", "Wire s", "Wire bids/s", "Spark SS s", "Spark SS bids/s",
             "Spark warm s", "DuckDB s", "DuckDB bids/s", "Wire ÷ Spark SS", "Wire ÷ DuckDB", "Wire MB", "Spark MB", "DuckDB MB",
-            "S3 server MB", "Wire + S3 MB", "load"]
+            "servers MB", "Wire + servers MB", "load"]
     rows = []
     for c in cases:
         n = c.cfg.bids
@@ -574,7 +600,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
             f"{d.wall:.1f}" if d else "-", rate(n, d.wall) if d else "-",
             f"{s.wall / w.e2e:.2f}" if (w and s) else "-", f"{d.wall / w.e2e:.3f}" if (w and d) else "-",
             mb(w.peak) if w else "-", mb(s.peak) if s else "-", mb(d.peak) if d else "-",
-            mb(w.server_peak) if (w and not external_s3) else "-", mb(w.with_server_peak) if (w and not external_s3) else "-",
+            mb(w.server_peak) if (w and w.server_peak) else "-", mb(w.with_server_peak) if (w and w.server_peak) else "-",
             f"{c.load:.1f}" if c.load is not None else "-",
         ])
     out.append(md_table(head, rows, "llllrrlrrrrrrrrrrrrrrr"))
@@ -739,7 +765,7 @@ def main() -> int:
     cases: list[Case] = []
     gen_notes: list[str] = []
     with (tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0,
-          _spark_server(Path(tmpd) / "spark-server", st.master, "wire" in sides and "server" in modes, gen_notes, log) as spark_url):
+          _spark_server(Path(tmpd) / "spark-server", st.master, "wire" in sides and "server" in modes, gen_notes, log) as (spark_url, spark_pid)):
         tmp = Path(tmpd)
         server_pid = _server_pid(tmp)
         for cfg in cfgs:
@@ -791,7 +817,9 @@ def main() -> int:
                     c = Case(cfg, q, man, mode=mode, t_start=time.time())
                     if mode in wire_envs:
                         env, dhome, cfg_s3 = wire_envs[mode]
-                        c.wire = run_wire(q, cfg, data, env, tmp, server_pid, log)
+                        # The servers' memory and CPU count for Wire: the S3 server always, the Spark server in its mode.
+                        servers = [pid for pid in (server_pid, spark_pid if mode == "server" else None) if pid]
+                        c.wire = run_wire(q, cfg, data, env, tmp, servers, log)
                         c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
                         _check_wire_counts(c, cfg)
                         log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")
@@ -815,7 +843,7 @@ def main() -> int:
                     for p in c.problems:
                         log(f"  PROBLEM: {p}")
     load.stop()
-    text = report(cases, st, args, time.perf_counter() - t_all, load, gen_notes, external_s3=server_pid is None)
+    text = report(cases, st, args, time.perf_counter() - t_all, load, gen_notes)
     print(text)
     args.results.mkdir(parents=True, exist_ok=True)
     now = datetime.now(UTC)
@@ -834,9 +862,9 @@ def main() -> int:
 def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], log):
     """Wire's embedded Spark server (what `wire spark start` runs) for the "server" mode, started
     before the timed commands like the S3 server, and stopped by its process group at the end;
-    yields its URL ("" when not wanted)."""
+    yields its URL and pid ("", None when not wanted)."""
     if not wanted:
-        yield ""
+        yield "", None
         return
     from wire_dagster.sparkserver import EmbeddedSpark
 
@@ -847,7 +875,8 @@ def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], 
         notes.append(f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
                      f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s")
         log(notes[-1])
-        yield url
+        info = server.recorded()
+        yield url, int(info["pid"]) if info else None
     finally:
         server.stop()
 

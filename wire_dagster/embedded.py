@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import random
@@ -31,13 +30,16 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import ObjectStoreError, WireInputError
 from .objectstore import ObjectStore, S3Config
-from .procgroup import default_home  # noqa: F401 - re-exported: callers import it from here
-from .procgroup import kill_group, wait_group_gone
+from .procgroup import (
+    default_home,  # noqa: F401 - re-exported: callers import it from here
+    dir_lock,
+    kill_group,
+    wait_group_gone,
+)
 from .procgroup import pid_alive as _pid_alive
 
 HOST = "127.0.0.1"
@@ -127,16 +129,9 @@ class EmbeddedS3:
         return f"EmbeddedS3(dir={str(self.dir)!r}, bucket={self.bucket!r})"
 
     # ------------------------------------------------------------ files
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Serialise start/stop across processes sharing this directory."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        return dir_lock(self.dir)
 
     def credentials(self) -> tuple[str, str]:
         """(access key, secret key) for this directory: generated once with `secrets`, kept mode 600."""

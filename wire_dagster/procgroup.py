@@ -8,11 +8,12 @@ Nothing here signals a process by name: only by pid or process group.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -81,6 +82,19 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+@contextlib.contextmanager
+def dir_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on `directory`/.lock: serialises an embedded server's start and stop across
+    the processes sharing its directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def wait_group_gone(pgid: int, timeout: float, reap: Callable[[], object] | None = None) -> bool:

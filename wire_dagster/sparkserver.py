@@ -24,7 +24,6 @@ Standard library only at import time: `sparksession.spark_target` calls `embedde
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import random
@@ -34,11 +33,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import SparkServerError, WireInputError
-from .procgroup import cmdline, default_home, kill_group, pid_alive, port_answers, port_free, wait_group_gone
+from .procgroup import (
+    cmdline,
+    default_home,
+    dir_lock,
+    kill_group,
+    pid_alive,
+    port_answers,
+    port_free,
+    wait_group_gone,
+)
 
 HOST = "127.0.0.1"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -101,16 +109,9 @@ class EmbeddedSpark:
         return f"EmbeddedSpark(dir={str(self.dir)!r})"
 
     # ------------------------------------------------------------ files
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
         """Serialise start/stop across processes sharing this directory."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        return dir_lock(self.dir)
 
     @property
     def _marker(self) -> str:

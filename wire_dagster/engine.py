@@ -25,7 +25,7 @@ from .kernel import DEAD_LETTER, Stored, epoch_chunks, run_epoch
 from .objectstore import ObjectStore
 from .sparksession import single_task_rows
 from .spec import Pipeline
-from .streams import ChunkMeta, read_stream
+from .streams import ChunkMeta, duckdb_connection, read_stream
 from .timeutil import NEG_INF, iso, now_ms
 from .watermark import SegmentClock, advance, select_chunks
 
@@ -71,15 +71,13 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
     """The new content of a partition: old rows not changed, plus updates; retractions removed;
     sorted by (key, window_start, window_end), null keys last.
 
-    DuckDB over the Arrow tables: a hash anti-join on the window identity and a parallel sort
-    (the partition's whole content is rewritten each time it changes)."""
-    import duckdb
-
+    DuckDB over the Arrow tables (this thread's connection): a hash anti-join on the window
+    identity and a sort (the partition's whole content is rewritten each time it changes)."""
     schema = changes.schema.remove(changes.schema.get_field_index("retract"))
     cols = ", ".join(f'"{c}"' for c in schema.names)
-    con = duckdb.connect(config={"threads": max(2, os.cpu_count() or 2)})
+    con = duckdb_connection()
+    con.register("ch", changes)
     try:
-        con.register("ch", changes)
         sql = f"SELECT {cols} FROM ch WHERE NOT retract"
         if old is not None and old.num_rows:
             con.register("old", old)
@@ -89,7 +87,9 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
                 UNION ALL {sql}"""
         out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end").to_arrow_table()
     finally:
-        con.close()
+        con.unregister("ch")
+        if old is not None and old.num_rows:
+            con.unregister("old")
     return out.cast(schema)
 
 
@@ -155,8 +155,6 @@ def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
 
 def keep_epochs_setting(value: int | None = None) -> int:
     """Committed epochs garbage collection keeps: `value`, else WIRE_KEEP_EPOCHS, else 10."""
-    import os
-
     raw = value if value is not None else os.environ.get("WIRE_KEEP_EPOCHS") or 10
     try:
         keep = int(raw)

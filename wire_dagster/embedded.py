@@ -35,10 +35,9 @@ from pathlib import Path
 from .errors import ObjectStoreError, WireInputError
 from .objectstore import ObjectStore, S3Config
 from .procgroup import (
+    GroupOwner,
     default_home,  # noqa: F401 - re-exported: callers import it from here
     dir_lock,
-    kill_group,
-    wait_group_gone,
 )
 from .procgroup import pid_alive as _pid_alive
 
@@ -112,8 +111,11 @@ def _choose_ports(previous: dict[str, int] | None, wait: float = 3.0) -> dict[st
     return ports
 
 
-class EmbeddedS3:
+class EmbeddedS3(GroupOwner):
     """One `weed mini` server for one directory: started once, reused while alive, stopped by process group."""
+
+    _survived = ObjectStoreError
+    _what = "embedded object store"
 
     def __init__(self, data_dir: Path, bucket: str = "wire") -> None:
         self.dir = Path(data_dir).expanduser().resolve()
@@ -368,18 +370,6 @@ class EmbeddedS3:
             self._proc = None
             if info is not None:
                 _remove_stale_sockets(info.get("ports") or {})
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            self._proc.poll()  # reap our own child so that its group can disappear
-
-    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
-        return wait_group_gone(pgid, timeout, self._reap)
-
-    def _kill_group(self, pgid: int, grace: float) -> None:
-        """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
-        if not kill_group(pgid, grace, self._reap, self.log_file):
-            raise ObjectStoreError(f"embedded object store: process group {pgid} survived SIGKILL")
 
 
 def _remove_stale_sockets(ports: dict[str, int]) -> None:

@@ -15,6 +15,10 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def default_home() -> Path:
@@ -124,6 +128,29 @@ def kill_group(pgid: int, grace: float, reap: Callable[[], object] | None = None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     return wait_group_gone(pgid, 10, reap)
+
+
+class GroupOwner:
+    """What the embedded servers share to stop a process group: `_proc` is the child this object
+    launched (reaped while waiting, so that its group can disappear), `log_file` gets a line when
+    SIGKILL is needed, and `_survived` is the error raised if the group outlives it."""
+
+    _proc: subprocess.Popen[bytes] | None
+    log_file: Path
+    _survived: ClassVar[Callable[[str], Exception]]
+    _what: ClassVar[str]
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            self._proc.poll()
+
+    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
+        return wait_group_gone(pgid, timeout, self._reap)
+
+    def _kill_group(self, pgid: int, grace: float) -> None:
+        """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
+        if not kill_group(pgid, grace, self._reap, self.log_file):
+            raise type(self)._survived(f"{self._what}: process group {pgid} survived SIGKILL")
 
 
 def port_answers(host: str, port: int, timeout: float = 1.0) -> bool:

@@ -38,14 +38,13 @@ from pathlib import Path
 
 from .errors import SparkServerError, WireInputError
 from .procgroup import (
+    GroupOwner,
     cmdline,
     default_home,
     dir_lock,
-    kill_group,
     pid_alive,
     port_answers,
     port_free,
-    wait_group_gone,
 )
 
 HOST = "127.0.0.1"
@@ -93,8 +92,11 @@ def _shuffle_partitions(master: str) -> str:
     return str(max(2, _local_cores(master) or os.cpu_count() or 2))
 
 
-class EmbeddedSpark:
+class EmbeddedSpark(GroupOwner):
     """One Spark Connect server for one directory: started once, reused while alive, stopped by process group."""
+
+    _survived = SparkServerError
+    _what = "embedded Spark server"
 
     def __init__(self, directory: Path) -> None:
         self.dir = Path(directory).expanduser().resolve()
@@ -412,18 +414,6 @@ class EmbeddedSpark:
             self._proc.poll()
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            self._proc.poll()  # reap our own child so that its group can disappear
-
-    def _wait_group_gone(self, pgid: int, timeout: float) -> bool:
-        return wait_group_gone(pgid, timeout, self._reap)
-
-    def _kill_group(self, pgid: int, grace: float) -> None:
-        """SIGTERM to the group, SIGKILL after `grace` s; returns once no process of the group runs."""
-        if not kill_group(pgid, grace, self._reap, self.log_file):
-            raise SparkServerError(f"embedded Spark server: process group {pgid} survived SIGKILL")
 
 
 def _listening(pid: int, port: int) -> bool:

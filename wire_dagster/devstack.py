@@ -8,6 +8,7 @@ process group, never by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -123,7 +124,8 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
             server = candidate  # ours to stop, even if Ctrl-C comes while it starts
     spark: EmbeddedSpark | None = None  # the embedded Spark server the runs attach to, if any
     spark_ours = False
-    if not (os.environ.get("WIRE_SPARK_REMOTE", "").strip() or os.environ.get("WIRE_SPARK_MASTER", "").strip()):
+    spark_at = os.environ.get("WIRE_SPARK_REMOTE", "").strip() or os.environ.get("WIRE_SPARK_MASTER", "").strip()
+    if not spark_at:
         spark = EmbeddedSpark(default_home() / "spark")
         spark_ours = spark.recorded() is None  # nothing running or starting there: ours to stop
     proc: subprocess.Popen | None = None
@@ -138,7 +140,6 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         if pipelines is not None:
             env["WIRE_PIPELINES"] = str(Path(pipelines).resolve())
-        spark_at = os.environ.get("WIRE_SPARK_REMOTE", "").strip() or os.environ.get("WIRE_SPARK_MASTER", "").strip()
         if spark is not None:
             spark_at = env["WIRE_SPARK_REMOTE"] = spark.start(wait=False)  # the running one, or launched now
         # Its own session: a terminal's Ctrl-C reaches only `wire dev`, which stops the group in order.
@@ -156,17 +157,13 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         # A second Ctrl-C (or SIGTERM) must not cut the shutdown short and leave processes behind.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        try:
+        # Every stop runs even if one before it fails: dagster dev, then Spark, then S3, then the handlers.
+        with contextlib.ExitStack() as stops:
+            for sig, h in handlers.items():
+                stops.callback(signal.signal, sig, h)
+            if server is not None:
+                stops.callback(server.stop)
+            if spark is not None and spark_ours:
+                stops.callback(spark.stop)
             if proc is not None:
-                stop_group(proc)
-        finally:
-            try:
-                if spark is not None and spark_ours:
-                    spark.stop()
-            finally:
-                try:
-                    if server is not None:
-                        server.stop()
-                finally:
-                    for sig, h in handlers.items():
-                        signal.signal(sig, h)
+                stops.callback(stop_group, proc)

@@ -126,13 +126,18 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
     )
     late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM e WHERE _last + {w.size + L} <= {w_prev}").to_arrow_table()
     # The newest window of an event ends last: if it is expired, all are; then each window
-    # already purged (end + L <= W_prev) is dropped.
+    # already purged (end + L <= W_prev) is dropped. With sliding windows the events are first
+    # merged per (key, slide), the pane every window of that slide holds whole, so that each
+    # pane, not each event, is copied into its windows.
+    pane = f"SELECT {KEY}, _last, {cols} FROM e WHERE _last + {w.size + L} > {w_prev}"
+    if n > 1:
+        pane = f"SELECT {KEY}, _last, {_merge(w)} FROM ({pane}) GROUP BY {KEY}, _last"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE m AS
-        WITH x AS (
+        WITH pane AS ({pane}),
+        x AS (
             SELECT {KEY} AS key, _last - k * {w.slide} AS start, _last - k * {w.slide} + {w.size} AS "end", {cols}
-            FROM e, range(0, {n}) r(k)
-            WHERE _last + {w.size + L} > {w_prev}
+            FROM pane, range(0, {n}) r(k)
         ),
         u AS (
             SELECT key, start, "end", {cols}, FALSE AS _touched FROM st
@@ -181,18 +186,15 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
         s1 AS (
             SELECT *, max("end") OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS _pmax
             FROM u
-        ),
-        s2 AS (
-            SELECT *, sum(CASE WHEN _pmax IS NULL OR start > _pmax THEN 1 ELSE 0 END)
-                      OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
-            FROM s1
         )
-        SELECT *, min(start) OVER (PARTITION BY key, _grp) AS _gs, max("end") OVER (PARTITION BY key, _grp) AS _ge FROM s2
+        SELECT *, sum(CASE WHEN _pmax IS NULL OR start > _pmax THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
+        FROM s1
     """)
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE m AS
         WITH g AS (
-            SELECT key, min(start) AS start, max("end") AS "end", {_merge(w)}, bool_or(_touched) AS _touched
+            SELECT key, _grp, min(start) AS start, max("end") AS "end", {_merge(w)}, bool_or(_touched) AS _touched
             FROM pieces GROUP BY key, _grp
         )
         SELECT *, {_flags(w_prev, w_new, L)} FROM g
@@ -200,8 +202,9 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
     # Fired state sessions of a group whose bounds changed (merged with new events or with each other).
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE r AS
-        SELECT key, _os AS start, _oe AS "end", {cols} FROM pieces
-        WHERE _os IS NOT NULL AND _oe <= {w_prev} AND (_os != _gs OR _oe != _ge)
+        SELECT p.key, p._os AS start, p._oe AS "end", {", ".join("p." + _q(c) for c in parts)}
+        FROM pieces p JOIN m ON p.key IS NOT DISTINCT FROM m.key AND p._grp = m._grp
+        WHERE p._os IS NOT NULL AND p._oe <= {w_prev} AND (p._os != m.start OR p._oe != m."end")
     """)
     out = con.sql(f"{_outputs_sql(w, 'm WHERE _fire', False)} UNION ALL {_outputs_sql(w, 'r', True)}").to_arrow_table()
     return {

@@ -39,6 +39,7 @@ from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
 
 
 _FS_CACHE: dict = {}
+READ_THREADS = 8  # objects of the store fetched at once by the task that holds a whole epoch
 
 
 def _fs(opts: dict):
@@ -98,12 +99,16 @@ class Chunks:
         """The events as a DataFrame, the chunks read in parallel."""
         return read_parquet_keys(spark, self.fs_options, self.bucket, list(self.keys), self.schema, self.extra)
 
-    def table(self) -> pa.Table:
-        """The events as one Arrow table, read here (in the task that holds the whole epoch)."""
+    def table(self, pool=None) -> pa.Table:
+        """The events as one Arrow table, read here (in the task that holds the whole epoch),
+        the chunks side by side when a thread `pool` is given (each read waits on the store)."""
         fs = _fs(self.fs_options)
         out = pa.schema(list(self.schema) + [pa.field(n, t) for n, t in self.extra])
-        parts = [_read_key(fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq))])
-                 for k, seg, seq in self.keys]
+
+        def read(k: str, seg: str, seq: int) -> pa.Table:
+            return _read_key(fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq))])
+
+        parts = list(pool.map(lambda c: read(*c), self.keys)) if pool else [read(*c) for c in self.keys]
         return pa.concat_tables([t.select(out.names).cast(out) for t in parts]) if parts else out.empty_table()
 
 
@@ -263,11 +268,17 @@ def _one_task(spark, spec: Pipeline, events: Chunks | pa.Table, state, ids, w_pr
 
     def task(batches):
         import os
+        from concurrent.futures import ThreadPoolExecutor
 
         for _ in batches:  # the one driving row
             pass
-        ev = events.table() if isinstance(events, Chunks) else events
-        side = side_table(spec, {n: _load(x) for n, x in carried.items()}, _load(ids))
+        # The chunks and the carried objects are fetched side by side: each read mostly waits
+        # on the store (pyarrow releases the GIL), ~30-60 ms per object one after the other.
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+            loaded = {n: pool.submit(_load, x) for n, x in carried.items()}
+            loaded_ids = pool.submit(_load, ids)
+            ev = events.table(pool) if isinstance(events, Chunks) else events
+            side = side_table(spec, {n: f.result() for n, f in loaded.items()}, loaded_ids.result())
         threads = max(1, min(cores, len(os.sched_getaffinity(0))))
         yield from pack(bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)).to_batches()
 

@@ -102,6 +102,13 @@ def test_bad_input_exits_2_and_writes_nothing(
         "pipeline file missing": (produce(str(good), pipeline=str(tmp_path / "missing.yaml")), ["--pipeline", "no such file"]),
         "unknown pipeline name": (produce(str(good), pipeline="nosuch"), ["--pipeline", "nosuch"]),
         "negative --chunk-rows": (produce(str(good), "--chunk-rows", "-1"), ["--chunk-rows"]),
+        # Several files in one command: a bad one (even the last) means none is appended.
+        "*good file then a missing one": (produce(str(good), "--file", str(tmp_path / "nope.jsonl")), ["--file", "no such file"]),
+        "good file then an empty one": (produce(str(good), "--file", str(tmp_path / "empty.jsonl"), "--segment", "a", "--segment", "b"),
+                                        ["--file", "empty"]),
+        "two segments for three files": (produce(str(good), "--file", str(good), "--file", str(good), "--segment", "a", "--segment", "b"),
+                                         ["--segment", "3 files, 2 segments"]),
+        "second segment bad": (produce(str(good), "--file", str(good), "--segment", "a", "--segment", "b/c"), ["--segment", "bad name"]),
     }
     before = _keys(store)
     monkeypatch.setenv("WIRE_PIPELINES", cli_env["WIRE_PIPELINES"])
@@ -111,6 +118,34 @@ def test_bad_input_exits_2_and_writes_nothing(
     for name, p in results.items():
         _assert_one_line_error(name, p, 2, *cases[name][1])
     assert _keys(store) == before
+
+
+def test_one_produce_command_appends_several_files(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """`wire produce` with three files in one process: the first to segment a, the other two to
+    segment b one after the other; each segment holds exactly its files' events, in order."""
+    from wire_dagster.streams import read_stream
+
+    a = [_event(i) for i in range(5)]
+    b1 = [_event(10 + i) for i in range(3)]
+    b2 = [_event(20 + i) for i in range(2)]
+    files = [_jsonl(tmp_path / "a.jsonl", a), _jsonl(tmp_path / "b1.jsonl", b1)]
+    pq.write_table(pa.Table.from_pylist(b2), tmp_path / "b2.parquet")
+    args = ["produce", "--pipeline", "clicks", "--chunk-rows", "2"]
+    for f, seg in zip([*files, tmp_path / "b2.parquet"], ["a", "b", "b"]):
+        args += ["--file", str(f), "--segment", seg]
+    p = run_wire(args, cli_env, check=True)
+    assert p.stdout.splitlines() == [
+        "appended 5 events in 3 chunks to clicks/a (chunks 0..2)",
+        "appended 3 events in 2 chunks to clicks/b (chunks 0..1)",
+        "appended 2 events in 1 chunks to clicks/b (chunks 2..2)",
+    ], p.stdout
+    views = read_stream(store, "clicks", {})
+    assert sorted(views) == ["a", "b"]
+    for seg, want in (("a", a), ("b", b1 + b2)):
+        chunks = views[seg].chunks
+        assert [c.seq for c in chunks] == list(range(len(chunks)))
+        got = [r for c in chunks for r in pq.read_table(pa.BufferReader(store.get(c.data_key))).to_pylist()]
+        assert [(r["_t"], r["_id"]) for r in got] == [(e["ts"], e["event_id"]) for e in want], seg
 
 
 def test_dead_letters_through_wire_dlq(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -72,31 +72,41 @@ def _progress() -> Progress:
 @app.command()
 def produce(
     pipeline: str = PIPELINE,
-    file: Path = typer.Option(..., "--file", "-f", help="JSONL or Parquet file of events."),
-    segment: str = typer.Option("0", "--segment", "-s", help="Segment to append to ([a-z0-9_-])."),
+    files: list[Path] = typer.Option(..., "--file", "-f", help="JSONL or Parquet file of events; repeat for several files."),
+    segments: list[str] = typer.Option(
+        ["0"], "--segment", "-s", help="Segment to append to ([a-z0-9_-]): one for every file, or one per --file, in order."
+    ),
     chunk_rows: int = typer.Option(0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."),
 ):
-    """Append the events of FILE to the pipeline's stream as chunks."""
+    """Append the events of each FILE to the pipeline's stream as chunks.
+
+    Several files go in one command (one process): every file is checked before anything is
+    appended, and different segments are appended side by side."""
     from .spec import check_name
-    from .streams import produce as do_produce
+    from .streams import produce_files
 
     spec = _spec(pipeline)
-    check_name(segment, "--segment")
+    if len(segments) not in (1, len(files)):
+        raise WireInputError(f"--segment: give one, or one per --file ({len(files)} files, {len(segments)} segments)")
+    for seg in segments:
+        check_name(seg, "--segment")
     if chunk_rows < 0:
         raise WireInputError("--chunk-rows: must be > 0")
+    pairs = list(zip(files, segments if len(segments) == len(files) else segments * len(files)))
     store = _store()
     with _progress() as prog:
-        task = prog.add_task(f"produce {file.name}", total=None)
+        task = prog.add_task(f"produce {files[0].name}" + (f" + {len(files) - 1} files" if len(files) > 1 else ""), total=None)
 
         def cb(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)
 
-        rep = do_produce(store, spec, file, segment=segment, chunk_rows=chunk_rows or None, progress=cb)
-    out.print(
-        f"appended {rep.events} events in {len(rep.chunks)} chunks to {rep.stream}/{rep.segment}"
-        + (f" (chunks {rep.chunks[0]}..{rep.chunks[-1]})" if rep.chunks else "")
-        + (f"; {rep.malformed} malformed records went to the dead letters" if rep.malformed else "")
-    )
+        reports = produce_files(store, spec, pairs, chunk_rows=chunk_rows or None, progress=cb)
+    for rep in reports:
+        out.print(
+            f"appended {rep.events} events in {len(rep.chunks)} chunks to {rep.stream}/{rep.segment}"
+            + (f" (chunks {rep.chunks[0]}..{rep.chunks[-1]})" if rep.chunks else "")
+            + (f"; {rep.malformed} malformed records went to the dead letters" if rep.malformed else "")
+        )
 
 
 @app.command()

@@ -8,7 +8,7 @@ highest price, Q11-like 10 s sessions per bidder), the three sides run one after
 each from cold processes, and their final results are compared for equality (the command exits 1
 and says where if they differ):
 
-- **Wire** end to end, as a user runs it: `wire produce` of each segment's bid file into the
+- **Wire** end to end, as a user runs it: one `wire produce` of every segment's bid file into the
   pipeline's stream in the embedded S3 server, `wire close`, then `wire tick` (a real sensor
   evaluation and real Dagster runs, DAGSTER_HOME a temporary directory) until the sensor
   requests no run. The results are the committed ones (`wire read --format parquet`). Twice
@@ -246,6 +246,7 @@ class Settings:
     dedup: bool
     master: str
     bounded: bool = True  # give the pipelines an `end` (the data set's event-time range, whole days)
+    produce_per_segment: bool = False  # one `wire produce` process per segment (else one for every segment's file)
 
     @property
     def spark_delay_ms(self) -> int:
@@ -337,16 +338,18 @@ class WireRun:
         return max(m.with_server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
 
 
-def run_wire(q: Query, cfg: Config, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log) -> WireRun:
+def run_wire(q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log) -> WireRun:
     import pyarrow.parquet as pq
 
     r = WireRun()
-    for s in range(cfg.segments):
-        f = data / "wire" / f"bids-s{s}.parquet"
-        if not f.exists():
-            continue
-        r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, "--file", str(f), "--segment", str(s)], env, tmp, server_pids))
-    log(f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(r.produce)} segments)")
+    files = [(data / "wire" / f"bids-s{s}.parquet", s) for s in range(cfg.segments)]
+    args = [a for f, s in files if f.exists() for a in ("--file", str(f), "--segment", str(s))]
+    # One command for every segment's file (as a user with several files runs it); --produce-per-segment
+    # runs one process per segment (what the reports before 2026-11-24 06:30 measured).
+    cmds = [args[i:i + 4] for i in range(0, len(args), 4)] if st.produce_per_segment else [args]
+    for a in cmds:
+        r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, *a], env, tmp, server_pids))
+    log(f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(args) // 4} segments, {len(r.produce)} processes)")
     r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pids)
     for _ in range(MAX_TICKS):
         m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pids)
@@ -574,7 +577,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     for n in gen_notes:
         out.append(f"- {n}")
     out.append("")
-    out.append("Times are wall seconds from cold processes. Wire = `wire produce` (one per segment) + `wire close` + the `wire tick`s "
+    out.append("Times are wall seconds from cold processes. Wire = `wire produce` (" + ("one process per segment" if st.produce_per_segment else "one process for every segment's file") + ") + `wire close` + the `wire tick`s "
                "that launched runs (the last tick, which requested nothing, is not counted), with Wire's Spark either local "
                "(each tick boots its own JVM) or the embedded Spark server (runs attach to it; it was started before, as the S3 "
                "server was); Spark SS = one process: JVM start, "
@@ -721,6 +724,8 @@ def main() -> int:
     ap.add_argument("--sides", default="wire,spark,duckdb", help="which sides to run (development)")
     ap.add_argument("--wire-spark", default="local,server", help="Wire's Spark, comma-separated: local (each `wire tick` boots "
                     "local Spark) and/or server (runs attach to the embedded Spark server, started before the timed commands)")
+    ap.add_argument("--produce-per-segment", action="store_true", help="one `wire produce` process per segment (default: one "
+                    "command for every segment's file)")
     ap.add_argument("--master", default=f"local[{cpu_count()}]")
     ap.add_argument("--results", type=Path, default=HERE / "results", help="directory of the Markdown report")
     args = ap.parse_args()
@@ -743,7 +748,8 @@ def main() -> int:
                 for n in sizes for k in keys]
         bound = cfgs[0].disorder_bound_ms()
         st = Settings(ooo_ms=-(-bound // 1000) * 1000, lateness_ms=parse_duration_ms(args.lateness), partition=args.partition,
-                      epoch_chunks=epoch_chunks, dedup=not args.no_dedup, master=args.master, bounded=not args.no_end)
+                      epoch_chunks=epoch_chunks, dedup=not args.no_dedup, master=args.master, bounded=not args.no_end,
+                      produce_per_segment=args.produce_per_segment)
         from wire_dagster.spec import pipeline_from_dict
 
         for q in queries:
@@ -819,7 +825,7 @@ def main() -> int:
                         env, dhome, cfg_s3 = wire_envs[mode]
                         # The servers' memory and CPU count for Wire: the S3 server always, the Spark server in its mode.
                         servers = [pid for pid in (server_pid, spark_pid if mode == "server" else None) if pid]
-                        c.wire = run_wire(q, cfg, data, env, tmp, servers, log)
+                        c.wire = run_wire(q, cfg, st, data, env, tmp, servers, log)
                         c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
                         _check_wire_counts(c, cfg)
                         log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")

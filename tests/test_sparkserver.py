@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 from dagster_stack import group_gone, wait_until
 
-from wire_dagster.sparkserver import EmbeddedSpark
+from wire_dagster.sparkserver import EmbeddedSpark, shared_session_id
 
 #: Cheaper JIT and GC for a short-lived server, as conftest's spark_remote uses.
 JAVA_OPTS = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -97,6 +97,20 @@ s = get_spark()
 print(json.dumps({"module": type(s).__module__, "n": s.range(5).count()}))
 """
 
+SHARED = """
+import json
+from wire_dagster.sparksession import get_spark
+s = get_spark()
+print(json.dumps({"session": s.session_id, "n": s.range(5).count()}))
+s.stop()
+"""
+
+RELEASE = """
+import sys
+from pyspark.sql import SparkSession
+SparkSession.builder.remote(sys.argv[1]).getOrCreate().stop()
+"""
+
 
 def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -144,6 +158,17 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
                            "remote": ["remote", "sc://127.0.0.1:1"]}, targets
         got = json.loads(python(GET_SPARK, env))
         assert got["module"].startswith("pyspark.sql.connect") and got["n"] == 5, got
+
+        # Every client of the embedded server shares one session, so that each run's Python workers are
+        # warm: the same id from two processes, and a stop() in one does not close it for the next. Once
+        # the session is closed on the server (released by a client outside Wire), clients fall back to
+        # sessions of their own.
+        shared = shared_session_id(home)
+        runs = [json.loads(python(SHARED, env)) for _ in range(2)]
+        assert runs == [{"session": shared, "n": 5}] * 2, runs
+        python(RELEASE.replace("sys.argv[1]", repr(f"{url}/;session_id={shared}")), env)
+        own = json.loads(python(SHARED, env))
+        assert own["n"] == 5 and own["session"] != shared, own
 
         # Stop: the whole process group goes, and the pid file with it.
         p = wire(["spark", "stop"], env, timeout=120)

@@ -6,7 +6,10 @@ empty = unset) attaches to a Spark Connect server; `WIRE_SPARK_MASTER`
 neither set, the embedded Spark Connect server of the Wire home
 (`wire spark start`, `wire dev`; wire_dagster/sparkserver.py) if it is running;
 else `local[*]`. In one process the active classic session is reused, whatever
-the environment says.
+the environment says. Every client of the embedded server (found, or named by
+WIRE_SPARK_REMOTE as `wire dev` does) attaches to one shared Connect session
+(`sparkserver.shared_session_id`): the server starts Python workers per session,
+so a run (a new process) finds them warm instead of paying ~1 s for its first job.
 
 Local defaults: UI off, shuffle partitions sized to the cores, session time
 zone UTC, Python workers on this interpreter (they import pyarrow), the driver
@@ -147,11 +150,22 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         if active is not None:
             return active
     if kind == "remote":
-        b = SparkSession.builder.remote(url).appName(app).config("spark.sql.session.timeZone", "UTC")
-        parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")
-        if parts:
-            b = b.config("spark.sql.shuffle.partitions", parts)
-        return b.getOrCreate()
+        from .sparkserver import embedded_url, shared_session_id
+
+        # The embedded server, found or configured (`wire dev` hands dagster dev its URL): its clients
+        # share one session. Any other Spark Connect server: a session of this process's own.
+        shared = shared_session_id() if embedded or url.rstrip("/") == (embedded_url() or "").rstrip("/") else None
+        if shared is not None:
+            try:
+                s = _remote(f"{url.rstrip('/')}/;session_id={shared}", app)
+            except Exception as e:  # pyspark raises its generic remote error: the message says why
+                if "SESSION_CLOSED" not in str(e):
+                    raise
+                _drop_default_remote()
+            else:
+                s.release_session_on_close = False  # a stop() in one run must not close the others' session
+                return s
+        return _remote(url, app)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -193,6 +207,27 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     if mem:
         b = b.config("spark.executor.memory", mem)
     return b.getOrCreate()
+
+
+def _remote(url: str, app: str):
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.remote(url).appName(app).config("spark.sql.session.timeZone", "UTC")
+    parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")
+    if parts:
+        b = b.config("spark.sql.shuffle.partitions", parts)
+    return b.getOrCreate()
+
+
+def _drop_default_remote() -> None:
+    """Forget the Spark Connect session that failed to attach (the builder made it this process's
+    default before it failed), without releasing it on the server."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    broken = RemoteSession._get_default_session()
+    if broken is not None:
+        broken.release_session_on_close = False
+        broken.stop()
 
 
 class LazySession:

@@ -771,7 +771,7 @@ def main() -> int:
     cases: list[Case] = []
     gen_notes: list[str] = []
     with (tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0,
-          _spark_server(Path(tmpd) / "spark-server", st.master, "wire" in sides and "server" in modes, gen_notes, log) as (spark_url, spark_pid)):
+          _spark_server(Path(tmpd) / "home" / "spark", st.master, "wire" in sides and "server" in modes, gen_notes, log) as (spark_url, spark_pid)):
         tmp = Path(tmpd)
         server_pid = _server_pid(tmp)
         for cfg in cfgs:
@@ -868,7 +868,9 @@ def main() -> int:
 def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], log):
     """Wire's embedded Spark server (what `wire spark start` runs) for the "server" mode, started
     before the timed commands like the S3 server, and stopped by its process group at the end;
-    yields its URL and pid ("", None when not wanted)."""
+    yields its URL and pid ("", None when not wanted). `directory` is `<WIRE_HOME>/spark` of the
+    Wire commands, so it is their home's embedded server, as with `wire spark start` (its clients
+    share one Connect session: `sparkserver.shared_session_id`)."""
     if not wanted:
         yield "", None
         return

@@ -163,7 +163,8 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         # warm: the same id from two processes, and a stop() in one does not close it for the next. Once
         # the session is closed on the server (released by a client outside Wire), clients fall back to
         # sessions of their own.
-        shared = shared_session_id(home)
+        shared = shared_session_id(url, home)
+        assert shared is not None and shared_session_id("sc://127.0.0.1:1", home) is None
         runs = [json.loads(python(SHARED, env)) for _ in range(2)]
         assert runs == [{"session": shared, "n": 5}] * 2, runs
         python(RELEASE.replace("sys.argv[1]", repr(f"{url}/;session_id={shared}")), env)

@@ -37,7 +37,6 @@ from .objectstore import ObjectStore, S3Config
 from .procgroup import (
     GroupOwner,
     default_home,  # noqa: F401 - re-exported: callers import it from here
-    dir_lock,
 )
 from .procgroup import pid_alive as _pid_alive
 
@@ -131,10 +130,6 @@ class EmbeddedS3(GroupOwner):
         return f"EmbeddedS3(dir={str(self.dir)!r}, bucket={self.bucket!r})"
 
     # ------------------------------------------------------------ files
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        """Serialise start/stop across processes sharing this directory."""
-        return dir_lock(self.dir)
-
     def credentials(self) -> tuple[str, str]:
         """(access key, secret key) for this directory: generated once with `secrets`, kept mode 600."""
         self.dir.mkdir(parents=True, exist_ok=True)

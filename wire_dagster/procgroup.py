@@ -131,14 +131,20 @@ def kill_group(pgid: int, grace: float, reap: Callable[[], object] | None = None
 
 
 class GroupOwner:
-    """What the embedded servers share to stop a process group: `_proc` is the child this object
-    launched (reaped while waiting, so that its group can disappear), `log_file` gets a line when
-    SIGKILL is needed, and `_survived` is the error raised if the group outlives it."""
+    """What the embedded servers share to lock their directory `dir` and stop a process group:
+    `_proc` is the child this object launched (reaped while waiting, so that its group can
+    disappear), `log_file` gets a line when SIGKILL is needed, and `_survived` is the error raised
+    if the group outlives it."""
 
+    dir: Path
     _proc: subprocess.Popen[bytes] | None
     log_file: Path
     _survived: ClassVar[Callable[[str], Exception]]
     _what: ClassVar[str]
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """Serialise start/stop across processes sharing this server's directory."""
+        return dir_lock(self.dir)
 
     def _reap(self) -> None:
         if self._proc is not None:

@@ -41,7 +41,6 @@ from .procgroup import (
     GroupOwner,
     cmdline,
     default_home,
-    dir_lock,
     pid_alive,
     port_answers,
     port_free,
@@ -111,10 +110,6 @@ class EmbeddedSpark(GroupOwner):
         return f"EmbeddedSpark(dir={str(self.dir)!r})"
 
     # ------------------------------------------------------------ files
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
-        """Serialise start/stop across processes sharing this directory."""
-        return dir_lock(self.dir)
-
     @property
     def _marker(self) -> str:
         """A `--conf` of the server's command line naming this directory (guards against pid reuse)."""
@@ -455,12 +450,12 @@ def embedded_url(home: Path | None = None) -> str | None:
     return EmbeddedSpark(Path(home or default_home()) / "spark").running()
 
 
-def shared_session_id(home: Path | None = None) -> str | None:
-    """The Spark Connect session id every client of the embedded server under `home` shares (None
-    when no server is recorded there), so that each run — a new process under Dagster — reuses the
-    session's Python workers: the server starts Python workers per session (a session's first Python
-    job measured 0.86–1.25 s, the next ones 0.10–0.16 s, and 0.12 s for another process attaching
-    to the same session).
+def shared_session_id(url: str, home: Path | None = None) -> str | None:
+    """The Spark Connect session id every client of the embedded server under `home` shares, when
+    `url` is that server's (None for any other server, or none running), so that each run — a new
+    process under Dagster — reuses the session's Python workers: the server starts Python workers
+    per session (a session's first Python job measured 0.86–1.25 s, the next ones 0.10–0.16 s, and
+    0.12 s for another process attaching to the same session).
 
     A function of the server (its pid and port: a restarted server gets a new id) and of this
     project's code (the size and modification time of every module of the package, so that Python
@@ -469,7 +464,7 @@ def shared_session_id(home: Path | None = None) -> str | None:
     import uuid
 
     info = EmbeddedSpark(Path(home or default_home()) / "spark").recorded()
-    if info is None:
+    if info is None or str(info["url"]).rstrip("/") != url.rstrip("/"):
         return None
     code = hashlib.sha256()
     for f in sorted(Path(__file__).resolve().parent.glob("*.py")):

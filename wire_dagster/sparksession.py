@@ -150,11 +150,11 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         if active is not None:
             return active
     if kind == "remote":
-        from .sparkserver import embedded_url, shared_session_id
+        from .sparkserver import shared_session_id
 
         # The embedded server, found or configured (`wire dev` hands dagster dev its URL): its clients
         # share one session. Any other Spark Connect server: a session of this process's own.
-        shared = shared_session_id() if embedded or url.rstrip("/") == (embedded_url() or "").rstrip("/") else None
+        shared = shared_session_id(url)
         if shared is not None:
             try:
                 s = _remote(f"{url.rstrip('/')}/;session_id={shared}", app)

@@ -185,8 +185,9 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
     from wire_dagster.backfill import backfill
     from wire_dagster.checkpoint import Checkpoints
     from wire_dagster.runs import run_partition
-    from wire_dagster.status import partition_report, plot_watermarks, watermark_lag
+    from wire_dagster.status import partition_report, plot_watermarks, preload_chart_modules, watermark_lag
 
+    preload_chart_modules()  # the chart is drawn after the commit: its import runs meanwhile
     parts = run_partitions(spec, context)
     _report, manifest = run_partition(store, spec, spark, parts[0], log=context.log.info)
     outcome: dict[str, dict[int, int | None]] | None = None  # backfills: window -> partition -> new epoch or None

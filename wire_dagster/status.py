@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from .checkpoint import Checkpoints, Manifest
@@ -89,6 +90,23 @@ def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
     return rows
 
 
+def _import_chart_modules() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+
+def preload_chart_modules() -> threading.Thread:
+    """Import matplotlib in a background thread, for a caller that will draw a chart once its
+    epochs are committed: the import (~0.3 s) then runs while the caller waits on Spark and the
+    store instead of after the commit. `plot_watermarks` works whether it has finished or not
+    (an import in progress in another thread is waited for, not repeated)."""
+    t = threading.Thread(target=_import_chart_modules, name="wire-chart-import", daemon=True)
+    t.start()
+    return t
+
+
 def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool = False) -> Path:
     """A PNG of watermark lag per segment over epochs: lag = last ingestion time − segment watermark.
 
@@ -105,9 +123,7 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool 
     if reuse and path.is_file() and key.encode() in path.read_bytes():
         return path
 
-    import matplotlib
-
-    matplotlib.use("Agg")
+    _import_chart_modules()
     import matplotlib.pyplot as plt
 
     hist = watermark_history(store, spec)

@@ -10,7 +10,7 @@ all three together) is processed by `engine.process` as a pipeline of its own, i
 epochs of `--chunks-per-epoch` chunks, on one warm Spark session (`WIRE_SPARK_MASTER`,
 default local[*]; its start-up is reported apart, as is the first, cold, run).
 
-Reported per run: the kernel's time (`run_epoch`: reading the chunks on the executors,
+Reported per run: the kernel's time (`run_epoch`/`run_epochs`: reading the chunks on the executors,
 windows, state, dead letters, back to Arrow), the whole `process` (plus staging, manifests,
 commits), events/s, and peak RSS of this process and of its Spark JVM and Python workers
 (psutil over the process tree, sampled every 100 ms). The floor: DuckDB computing the
@@ -195,23 +195,29 @@ class ActionProfile:
 
 @contextlib.contextmanager
 def kernel_timer(acc: list[float]):
-    """Adds the seconds spent in `engine.run_epoch` (the kernel: read + windows + to Arrow) to acc[0]."""
+    """Adds the seconds spent in the kernel's Spark jobs (`engine.run_epoch` for an epoch of its
+    own, `engine.run_epochs` for the epochs one job computes: read + windows + to Arrow) to acc[0]."""
     import wire_dagster.engine as eng
 
-    orig = eng.run_epoch
+    saved = {name: getattr(eng, name) for name in ("run_epoch", "run_epochs")}
 
-    def timed_run_epoch(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return orig(*a, **kw)
-        finally:
-            acc[0] += time.perf_counter() - t0
+    def timed(orig):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                acc[0] += time.perf_counter() - t0
 
-    eng.run_epoch = timed_run_epoch
+        return run
+
+    for name, orig in saved.items():
+        setattr(eng, name, timed(orig))
     try:
         yield
     finally:
-        eng.run_epoch = orig
+        for name, orig in saved.items():
+            setattr(eng, name, orig)
 
 
 def run_pipeline(store, spark, spec, now: int) -> dict:

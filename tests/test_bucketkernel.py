@@ -46,7 +46,7 @@ def run_buckets(spec, events: pa.Table, side: pa.Table, w_prev: int, w_new: int,
         packed = [pack({})]
         for k in dict.fromkeys(list(ev_k) + list(side_k)):
             packed.append(pack(bucket_epoch(spec, ev_k.get(k, events.slice(0, 0)), side_k.get(k, side.slice(0, 0)), w_prev, w_new)))
-    tables = unpack(pa.concat_tables(packed))
+    tables = unpack(pa.concat_tables(packed))[0]
     return {k: pa.concat_tables(v, promote_options="permissive") for k, v in tables.items()}
 
 

@@ -208,3 +208,64 @@ def test_empty_epoch(spark, w_prev, w_new):
     res = kernel.run_epoch(spark, spec, events_table(spec, []), {}, None, w_prev, w_new)
     assert res.events == 0 and res.windows["tum"].outputs.num_rows == 0 and res.dead_letters.num_rows == 0
     assert not check_balance(spec, res)
+
+
+def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch):
+    """A backlog computed several epochs per Spark job (state carried in the task) commits, epoch
+    by epoch, the same manifests as one job per epoch — same chunks, watermarks, counts, bytes of
+    every result partition, state file and id memory, and dead letters — and the results equal
+    the reference's, epoch by epoch; the batched run needs fewer Spark jobs."""
+    import random
+
+    monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "1000000")
+    rng = random.Random(7)
+    base = {**PIPE, "limits": {"max_chunks_per_epoch": 2}}
+    per_job, batched = (pipeline_from_dict({**base, "name": n}) for n in ("perjob", "batched"))  # one stream
+    produced = []
+    for c in range(7):  # seven chunks per segment: several epochs of backlog
+        for seg in ("s0", "s1"):
+            recs = []
+            for i in range(40):
+                t = c * 20 + rng.randrange(0, 30)
+                recs.append({"ts": t, "user": rng.choice("abcd"), "event_id": f"{seg}-{c}-{i}", "amount": rng.randrange(1, 9) * 0.5})
+            recs += [dict(r) for r in rng.sample(recs, 3)]  # repeated ids: duplicates
+            recs.append({"ts": max(0, c * 20 - 25), "user": "a", "event_id": f"{seg}-{c}-late", "amount": 1.0})  # late for some windows
+            produced += _produce(store, per_job, tmp_path, seg, recs, f"{seg}-{c}")
+    streams.close_stream(store, per_job)
+
+    jobs = []
+    real = engine.run_epochs
+    monkeypatch.setattr(engine, "run_epochs", lambda *a, **kw: jobs.append(len(a[2])) or real(*a, **kw))
+    now = streams.now_ms()
+    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "1")
+    a = engine.process(store, per_job, spark, max_epochs=100, now=now)
+    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "4")
+    b = engine.process(store, batched, spark, max_epochs=100, now=now)
+    n = len(a.committed)
+    assert n >= 6 and b.committed == a.committed
+    assert jobs[:n] == [1] * n and sum(jobs[n:]) == n and max(jobs[n:]) == 4 and len(jobs[n:]) < n
+
+    from wire_dagster.checkpoint import Checkpoints
+
+    ref = reference.RefState()
+    by_pos = {(e["_seg"], e["_seq"]): [] for e in produced}
+    for e in produced:
+        by_pos[(e["_seg"], e["_seq"])].append(e)
+    for epoch in a.committed:
+        ma, mb = Checkpoints(store, "perjob").load(epoch), Checkpoints(store, "batched").load(epoch)
+        assert (ma.watermark, ma.remap, ma.chunks, ma.changed) == (mb.watermark, mb.remap, mb.chunks, mb.changed)
+        assert ma.counts == mb.counts and ma.totals == mb.totals and ma.totals.balanced()
+        assert {w: {p: r.sha256 for p, r in ps.items()} for w, ps in ma.outputs.items()} == {
+            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()}
+        assert {w: r.sha256 for w, r in ma.state.items()} == {w: r.sha256 for w, r in mb.state.items()}
+        assert ma.ids.sha256 == mb.ids.sha256
+        assert [r.sha256 for r in ma.dead_letters] == [r.sha256 for r in mb.dead_letters]
+        evs = [e for seg, (lo, hi) in ma.chunks.items() for seq in range(lo, hi + 1) for e in by_pos.get((seg, seq), [])]
+        reference.run_epoch(per_job, ref, evs, ma.watermark)
+    assert b.manifest.watermark == INF
+    for w in per_job.windows:
+        got = engine.read_results(store, batched, w.name).to_pylist()
+        problems = diff_views({(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name)
+        assert not problems, "\n".join(problems)
+    assert b.manifest.totals.duplicate == ref.counts["duplicate"] and b.manifest.totals.late == {
+        w.name: ref.window_counts[w.name]["late"] for w in per_job.windows}

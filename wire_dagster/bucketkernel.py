@@ -34,7 +34,7 @@ DUP = "_dup"  # set by Spark on the repeated ids of an epoch
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
-PACKED_DDL = "kind STRING, w STRING, data BINARY"
+PACKED_DDL = "epoch INT, kind STRING, w STRING, data BINARY"
 
 
 def side_column(i: int, c: str) -> str:
@@ -336,8 +336,9 @@ def side_table(spec: Pipeline, state: dict[str, pa.Table | None], ids: pa.Table 
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
-def pack(tables: dict[tuple[str, str], pa.Table]) -> pa.Table:
-    """Tables as rows of (kind, w, Arrow IPC bytes): one Spark row each, whatever their schema."""
+def pack(tables: dict[tuple[str, str], pa.Table], epoch: int = 0) -> pa.Table:
+    """Tables as rows of (epoch, kind, w, Arrow IPC bytes): one Spark row each, whatever their
+    schema; `epoch` is the table's place among the epochs of one Spark job (0 for a job of one)."""
     kinds, names, blobs = [], [], []
     for (kind, w), t in tables.items():
         if t.num_rows == 0:
@@ -348,11 +349,14 @@ def pack(tables: dict[tuple[str, str], pa.Table]) -> pa.Table:
         kinds.append(kind)
         names.append(w)
         blobs.append(sink.getvalue().to_pybytes())
-    return pa.table({"kind": pa.array(kinds, pa.string()), "w": pa.array(names, pa.string()), "data": pa.array(blobs, pa.binary())})
+    return pa.table({"epoch": pa.array([epoch] * len(kinds), pa.int32()), "kind": pa.array(kinds, pa.string()),
+                     "w": pa.array(names, pa.string()), "data": pa.array(blobs, pa.binary())})
 
 
-def unpack(packed: pa.Table) -> dict[tuple[str, str], list[pa.Table]]:
-    out: dict[tuple[str, str], list[pa.Table]] = {}
-    for kind, w, data in zip(packed["kind"].to_pylist(), packed["w"].to_pylist(), packed["data"].to_pylist()):
-        out.setdefault((kind, w), []).append(pa.ipc.open_stream(data).read_all())
+def unpack(packed: pa.Table, epochs: int = 1) -> list[dict[tuple[str, str], list[pa.Table]]]:
+    """Per epoch of the job (`epochs` of them), its tables by (kind, window)."""
+    out: list[dict[tuple[str, str], list[pa.Table]]] = [{} for _ in range(epochs)]
+    cols = (packed[c].to_pylist() for c in ("epoch", "kind", "w", "data"))
+    for epoch, kind, w, data in zip(*cols):
+        out[epoch].setdefault((kind, w), []).append(pa.ipc.open_stream(data).read_all())
     return out

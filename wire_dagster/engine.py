@@ -4,6 +4,10 @@ Data flows one way (DESIGN §5): stream chunks → reader (offsets, watermark) �
 Spark kernel (windows, lateness, state) → staging → manifest → commit marker →
 committed results → readers. Each function here is what a Dagster asset, the
 CLI and the tests call; none of them imports Dagster.
+
+A backlog's epochs are planned from chunk metadata (`_plan_job`) and, as far as
+they fit one task together, computed by one Spark job (`kernel.run_epochs`);
+each is then staged, prepared and committed on its own, in order.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ import pyarrow.parquet as pq
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
-from .kernel import DEAD_LETTER, Stored, epoch_chunks, run_epoch
+from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
 from .objectstore import ObjectStore
 from .sparksession import single_task_rows
 from .spec import Pipeline
-from .streams import ChunkMeta, duckdb_connection, read_stream
+from .streams import ChunkMeta, duckdb_connection, read_stream, views_from
 from .timeutil import NEG_INF, iso, now_ms
-from .watermark import SegmentClock, advance, select_chunks
+from .watermark import EpochClock, SegmentClock, advance, select_chunks
 
 ROW_ID = ["key", "window_start", "window_end"]
 STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
+#: Default of WIRE_EPOCHS_PER_JOB: a backlog's epochs computed by one Spark job (one task), as far
+#: as they fit one worker together (measured: benchmarks/kernel.py).
+EPOCHS_PER_JOB = 8
 
 
 @dataclass
@@ -130,15 +137,17 @@ def process(
         out.repaired = cp.publish(prev)
     known: dict[str, ChunkMeta] = {}  # the stream's index objects read so far (they never change)
     changed: dict[str, set[int]] = {}
-    for _ in range(max_epochs):
-        m = _one_epoch(store, cp, spec, spark, prev, run_id or new_run_id(), now, progress, known)
-        run_id = None
-        if m is None:
+    while len(out.committed) < max_epochs:
+        batch = _plan_job(store, spec, prev, now, known, max_epochs - len(out.committed), progress)
+        if not batch:
             break
-        out.committed.append(m.epoch)
-        out.manifest = prev = m
-        for w, ps in m.changed.items():
-            changed.setdefault(w, set()).update(ps)
+        for plan, res in zip(batch, _compute(store, spec, spark, prev, batch)):
+            m = _commit_epoch(store, cp, spec, prev, run_id or new_run_id(), plan, res)
+            run_id = None
+            out.committed.append(m.epoch)
+            out.manifest = prev = m
+            for w, ps in m.changed.items():
+                changed.setdefault(w, set()).update(ps)
     if out.committed:
         cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
         cp.gc(keep=keep_epochs, current_run=prev.run_id)
@@ -177,28 +186,108 @@ def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
     return None
 
 
-def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | None, run_id: str, now, progress,
-               known: dict[str, ChunkMeta] | None = None) -> Manifest | None:
-    offsets = prev.remap if prev else {}
-    views = read_stream(store, spec.stream, offsets, known)
-    replay = list(prev.replay) if prev else []
-    decisions = None
-    if replay:
-        taken = _taken_for_target(views, replay[0]["remap"])
-        decisions = replay[0]["decisions"]
-    else:
-        taken = select_chunks(views, offsets, spec.max_chunks_per_epoch)
-    prev_segs = {s: SegmentClock(**r.model_dump()) for s, r in (prev.segments.items() if prev else [])}
-    w_prev = prev.watermark if prev else NEG_INF
-    clock = advance(spec, prev_segs, w_prev, views, taken, now if now is not None else now_ms(), decisions)
-    n_chunks = sum(len(v) for v in taken.values())
-    if n_chunks == 0 and not replay and clock.watermark == w_prev and clock.segments == prev_segs:
-        return None
-    epoch = prev.epoch + 1 if prev else 1
-    chunks = [c for s in sorted(taken) for c in taken[s]]
-    if progress:
-        progress(f"epoch {epoch}: {n_chunks} chunks, W {iso(w_prev)} -> {iso(clock.watermark)}")
+@dataclass(frozen=True)
+class _From:
+    """Where the next epoch starts: after the last committed epoch, or after an epoch planned
+    before it for the same Spark job (the fields of its manifest that planning reads)."""
 
+    epoch: int  # the epoch before (0: none)
+    offsets: dict[str, int]
+    segments: dict[str, SegmentClock]
+    watermark: int
+    replay: tuple  # backfill targets still to replay
+
+
+def _from_manifest(prev: Manifest | None) -> _From:
+    if prev is None:
+        return _From(0, {}, {}, NEG_INF, ())
+    segs = {s: SegmentClock(**r.model_dump()) for s, r in prev.segments.items()}
+    return _From(prev.epoch, dict(prev.remap), segs, prev.watermark, tuple(prev.replay))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One epoch as planned from chunk metadata alone, before Spark computes it."""
+
+    epoch: int
+    taken: dict[str, list[ChunkMeta]]
+    chunks: list[ChunkMeta]
+    clock: EpochClock
+    w_prev: int
+    replay: tuple  # the backfill targets left after this epoch
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chunks)
+
+    def after(self) -> _From:
+        # through the manifest's record types, as the next epoch would read them back
+        segs = {s: SegmentClock(**SegmentRecord(**c.to_json()).model_dump()) for s, c in self.clock.segments.items()}
+        return _From(self.epoch, self.clock.remap, segs, self.clock.watermark, self.replay)
+
+
+def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
+    """The next epoch after `base` (None if nothing would change) given the stream's `views` from
+    its offsets: its chunks (back-pressure, or a backfill's recorded target) and its clock —
+    chunk metadata only, nothing is computed."""
+    decisions = None
+    if base.replay:
+        taken = _taken_for_target(views, base.replay[0]["remap"])
+        decisions = base.replay[0]["decisions"]
+    else:
+        taken = select_chunks(views, base.offsets, spec.max_chunks_per_epoch)
+    clock = advance(spec, base.segments, base.watermark, views, taken, now if now is not None else now_ms(), decisions)
+    n_chunks = sum(len(v) for v in taken.values())
+    if n_chunks == 0 and not base.replay and clock.watermark == base.watermark and clock.segments == base.segments:
+        return None
+    chunks = [c for s in sorted(taken) for c in taken[s]]
+    return _Planned(base.epoch + 1, taken, chunks, clock, base.watermark, tuple(base.replay[1:]))
+
+
+def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: int, progress) -> list[_Planned]:
+    """The epochs one Spark job computes: the next epoch, and while they fit one task together
+    (their events and the carried rows at most `single_task_rows`, at most `epochs_per_job`, no
+    backfill replay), the ones after it. Their chunks and watermarks depend on chunk metadata
+    only, so they are planned before any is computed; each is still staged and committed on
+    its own, in order, with the manifest it would have had alone. The stream is listed once per
+    job: the later epochs see that listing from their offsets (`views_from`)."""
+    carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+    base = _from_manifest(prev)
+    batch: list[_Planned] = []
+    listed = read_stream(store, spec.stream, base.offsets, known)
+    while len(batch) < min(limit, epochs_per_job()):
+        plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
+        if plan is None:
+            break
+        rows = carried + sum(p.rows for p in batch) + plan.rows
+        if batch and (base.replay or not one_task([], rows)):
+            break  # a replayed epoch, or one that would not fit the task, starts the next job
+        batch.append(plan)
+        if base.replay or not one_task([], rows):
+            break
+        base = plan.after()
+    for plan in batch if progress else []:
+        n_chunks = sum(len(v) for v in plan.taken.values())
+        progress(f"epoch {plan.epoch}: {n_chunks} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
+    return batch
+
+
+def epochs_per_job() -> int:
+    """Most epochs one Spark job computes (WIRE_EPOCHS_PER_JOB, default EPOCHS_PER_JOB; 1: a job
+    per epoch)."""
+    raw = os.environ.get("WIRE_EPOCHS_PER_JOB") or EPOCHS_PER_JOB
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise WireInputError(f"WIRE_EPOCHS_PER_JOB: expected an integer >= 1, got {raw!r}")
+    return n
+
+
+def _compute(store, spec: Pipeline, spark, prev: Manifest | None, batch: list[_Planned]) -> list[EpochResult]:
+    """The Spark job of planned epochs: one task for all of them when they fit one worker
+    (`_plan_job` made sure), else the key-bucket plan of the one epoch."""
     if spark is None:
         from .sparksession import get_spark
 
@@ -208,18 +297,27 @@ def _one_epoch(store, cp: Checkpoints, spec: Pipeline, spark, prev: Manifest | N
     state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
     ids = _stored(store, prev.ids) if prev else None
     carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+    events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]
     pause("before-spark")
     try:
-        events = epoch_chunks(store.fs_options(), store.bucket, spec, chunks)
-        res = run_epoch(spark, spec, events, state, ids, w_prev, clock.watermark, single_task=one_task(chunks, carried))
+        if len(batch) == 1 and not one_task(batch[0].chunks, carried):
+            p = batch[0]
+            return [run_epoch(spark, spec, events[0], state, ids, p.w_prev, p.clock.watermark, single_task=False)]
+        return run_epochs(spark, spec, [(ev, p.w_prev, p.clock.watermark) for ev, p in zip(events, batch)], state, ids)
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions
-        down = _store_down(store, epoch)
+        down = _store_down(store, batch[0].epoch)
         if down is not None:
             raise down from None
         raise
 
+
+def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None, run_id: str, plan: _Planned,
+                  res: EpochResult) -> Manifest:
+    """Stage a computed epoch's outputs, state and dead letters, then prepare and commit its manifest."""
+    epoch, taken, chunks, clock, w_prev = plan.epoch, plan.taken, plan.chunks, plan.clock, plan.w_prev
+    replay = list(prev.replay) if prev else []
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}

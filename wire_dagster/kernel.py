@@ -194,6 +194,10 @@ def _sorted(t: pa.Table, keys: list[str]) -> pa.Table:
     return t.sort_by([(k, "ascending", "at_start") for k in keys])
 
 
+def _sorted_or_none(t: pa.Table | None, keys: list[str]) -> pa.Table | None:
+    return None if t is None else _sorted(t, keys)
+
+
 def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import _parse_datatype_string
@@ -248,19 +252,40 @@ def run_epoch(
     from pyspark.sql import functions as F
 
     if single_task:
-        packed = _one_task(spark, spec, events, state, ids, w_prev, w_new)
-    else:
-        packed = _bucketed(spark, F, spec, _frame_of(spark, events), state, ids, w_prev, w_new)
-    return _gather(spark, F, spec, events, unpack(packed.toArrow()))
+        return run_epochs(spark, spec, [(events, w_prev, w_new)], state, ids)[0]
+    packed = _bucketed(spark, F, spec, _frame_of(spark, events), state, ids, w_prev, w_new)
+    return _gather(spark, F, spec, events, unpack(packed.toArrow())[0])
+
+
+def run_epochs(
+    spark,
+    spec: Pipeline,
+    epochs: list[tuple[Chunks | pa.Table, int, int]],
+    state: dict[str, pa.Table | Stored | None],
+    ids: pa.Table | Stored | None,
+) -> list[EpochResult]:
+    """Consecutive epochs, each (events, W before, W after), in ONE Spark task: the state and
+    id memory each epoch leaves are carried in the task's memory to the next (sorted as the
+    driver sorts what it stores, so every epoch sees what it would read back from the store),
+    and the next epoch's chunks are fetched while one is computed. Each epoch's result is the
+    one `run_epoch(..., single_task=True)` gives for it alone; the job's fixed cost and the
+    carried rows' round trip through the store are paid once for all of them. For epochs that
+    together fit one worker (the caller checks `sparksession.single_task_rows`)."""
+    from pyspark.sql import functions as F
+
+    packed = _one_task(spark, spec, epochs, state, ids)
+    per_epoch = unpack(packed.toArrow(), len(epochs))
+    return [_gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch)]
 
 
 def _frame_of(spark, events: Chunks | pa.Table):
     return events.frame(spark) if isinstance(events, Chunks) else spark.createDataFrame(events)
 
 
-def _one_task(spark, spec: Pipeline, events: Chunks | pa.Table, state, ids, w_prev: int, w_new: int):
-    """`bucket_epoch` over every event, the window state and the id memory, in one task (it
-    also flags the repeated ids): one Spark stage of one task, driven by a one-row DataFrame."""
+def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, int]], state, ids):
+    """`bucket_epoch` over every event of each epoch in turn, with the window state and the id
+    memory carried from one to the next (it also flags the repeated ids): one Spark stage of
+    one task, driven by a one-row DataFrame."""
     carried = {w.name: state.get(w.name) for w in spec.windows}
     # The job's only task may use the cores the session's parallelism names (its shuffle
     # partitions: the local cores by default), as far as its executor has them.
@@ -272,15 +297,28 @@ def _one_task(spark, spec: Pipeline, events: Chunks | pa.Table, state, ids, w_pr
 
         for _ in batches:  # the one driving row
             pass
+
         # The chunks and the carried objects are fetched side by side: each read mostly waits
         # on the store (pyarrow releases the GIL), ~30-60 ms per object one after the other.
-        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool, ThreadPoolExecutor(max_workers=1) as ahead:
+
+            def events_of(ev: Chunks | pa.Table) -> pa.Table:
+                return ev.table(pool) if isinstance(ev, Chunks) else ev
+
             loaded = {n: pool.submit(_load, x) for n, x in carried.items()}
             loaded_ids = pool.submit(_load, ids)
-            ev = events.table(pool) if isinstance(events, Chunks) else events
+            nxt = ahead.submit(events_of, epochs[0][0])
             side = side_table(spec, {n: f.result() for n, f in loaded.items()}, loaded_ids.result())
-        threads = max(1, min(cores, len(os.sched_getaffinity(0))))
-        yield from pack(bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)).to_batches()
+            threads = max(1, min(cores, len(os.sched_getaffinity(0))))
+            for i, (_, w_prev, w_new) in enumerate(epochs):
+                ev = nxt.result()
+                if i + 1 < len(epochs):  # the next epoch's chunks are read while this one is computed
+                    nxt = ahead.submit(events_of, epochs[i + 1][0])
+                out = bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)
+                yield from pack(out, epoch=i).to_batches()
+                if i + 1 < len(epochs):
+                    st = {w.name: _sorted_or_none(out.get(("state", w.name)), ["key", "start", "end"]) for w in spec.windows}
+                    side = side_table(spec, st, _sorted_or_none(out.get(("ids", "")), ["id"]))
 
     return spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL)
 

@@ -713,6 +713,13 @@ def read_stream(
     return views
 
 
+def views_from(views: dict[str, SegmentView], offsets: dict[str, int]) -> dict[str, SegmentView]:
+    """One reading of the stream (`read_stream`) seen from later offsets: each segment's chunks
+    from its new offset on, its seal as read — what `read_stream` at those offsets returns if
+    nothing was appended since, without listing the store again."""
+    return {seg: SegmentView(seg, [c for c in v.chunks if c.seq >= offsets.get(seg, 0)], v.sealed_at) for seg, v in views.items()}
+
+
 def iter_dead_letters(store: ObjectStore, stream: str) -> Iterator[dict]:
     """Malformed records of every chunk, with their source position."""
     for seg, view in read_stream(store, stream, {}).items():

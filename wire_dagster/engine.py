@@ -245,12 +245,14 @@ def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
 
 
 def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: int, progress) -> list[_Planned]:
-    """The epochs one Spark job computes: the next epoch, and while they fit one task together
-    (their events and the carried rows at most `single_task_rows`, at most `epochs_per_job`, no
-    backfill replay), the ones after it. Their chunks and watermarks depend on chunk metadata
-    only, so they are planned before any is computed; each is still staged and committed on
-    its own, in order, with the manifest it would have had alone. The stream is listed once per
-    job: the later epochs see that listing from their offsets (`views_from`)."""
+    """The epochs one Spark job computes: the next epoch, and the ones after it while they fit
+    one task together — at most `epochs_per_job`, no backfill replay, and the rows the job holds
+    at most `single_task_rows`: the carried rows plus each event times the windows it can land
+    in (`_fanout`: the job's results, all of which the driver receives at once, stay bounded
+    as one epoch's are). Their chunks and watermarks depend on chunk metadata only, so they are
+    planned before any is computed; each is still staged and committed on its own, in order,
+    with the manifest it would have had alone. The stream is listed once per job: the later
+    epochs see that listing from their offsets (`views_from`)."""
     carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
     base = _from_manifest(prev)
     batch: list[_Planned] = []
@@ -259,17 +261,23 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:
             break
-        rows = carried + sum(p.rows for p in batch) + plan.rows
-        if batch and (base.replay or not one_task([], rows)):
-            break  # a replayed epoch, or one that would not fit the task, starts the next job
+        held = carried + _fanout(spec) * (sum(p.rows for p in batch) + plan.rows)
+        if batch and (base.replay or held > single_task_rows()):
+            break  # a replayed epoch, or one that would not fit with the others, starts the next job
         batch.append(plan)
-        if base.replay or not one_task([], rows):
+        if base.replay or held > single_task_rows():
             break
         base = plan.after()
     for plan in batch if progress else []:
         n_chunks = sum(len(v) for v in plan.taken.values())
         progress(f"epoch {plan.epoch}: {n_chunks} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
     return batch
+
+
+def _fanout(spec: Pipeline) -> int:
+    """Windows one event can land in, over all the pipeline's windows (a sliding window's
+    size / slide, one for tumbling and session windows): a bound on result rows per event."""
+    return sum(-(-w.size // w.slide) if w.type == "sliding" else 1 for w in spec.windows)
 
 
 def epochs_per_job() -> int:

@@ -172,8 +172,9 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
         description=f"Event-time windows of pipeline {spec.name} over stream {spec.stream}",
     )
     def _windows(context: dg.AssetExecutionContext, wire_store: ObjectStoreResource, wire_spark: SparkResource):
-        from wire_dagster.sparksession import LazySession
+        from wire_dagster.sparksession import LazySession, preload_client
 
+        preload_client()  # the client's import overlaps the run's first reads of the store
         # Started on first use: a run with nothing pending (it only reports) never starts Spark.
         yield from _run(spec, context, wire_store.get_store(), LazySession(wire_spark.get_session))
 
@@ -185,7 +186,12 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
     from wire_dagster.backfill import backfill
     from wire_dagster.checkpoint import Checkpoints
     from wire_dagster.runs import run_partition
-    from wire_dagster.status import partition_report, plot_watermarks, preload_chart_modules, watermark_lag
+    from wire_dagster.status import (
+        partition_report,
+        plot_watermarks,
+        preload_chart_modules,
+        watermark_lag,
+    )
 
     preload_chart_modules()  # the chart is drawn after the commit: its import runs meanwhile
     parts = run_partitions(spec, context)

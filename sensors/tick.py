@@ -18,7 +18,9 @@ def tick(spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int,
     `progress(requests handled, requests)` is called before the first run and after each request."""
     from definitions import build_definitions
     from resources import default_resources
+    from wire_dagster.sparksession import preload_client
 
+    preload_client()  # imported while the sensor reads the stream and Dagster creates the run
     ensure_dagster_home()
     defs = build_definitions(pipelines)
     instance = dg.DagsterInstance.get()

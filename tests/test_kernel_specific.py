@@ -210,14 +210,19 @@ def test_empty_epoch(spark, w_prev, w_new):
     assert not check_balance(spec, res)
 
 
-def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("result_bytes", [None, 1], ids=["results fit", "results bound: one epoch per job"])
+def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch, result_bytes):
     """A backlog computed several epochs per Spark job (state carried in the task) commits, epoch
     by epoch, the same manifests as one job per epoch — same chunks, watermarks, counts, bytes of
     every result partition, state file and id memory, and dead letters — and the results equal
-    the reference's, epoch by epoch; the batched run needs fewer Spark jobs."""
+    the reference's, epoch by epoch; the batched run needs fewer Spark jobs. When a job's
+    results reach `kernel.JOB_RESULT_BYTES` the task stops: the epochs it computed are committed
+    and the rest planned again (with a 1-byte bound, every job computes one of its epochs)."""
     import random
 
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "1000000")
+    if result_bytes is not None:
+        monkeypatch.setattr(kernel, "JOB_RESULT_BYTES", result_bytes)
     rng = random.Random(7)
     base = {**PIPE, "limits": {"max_chunks_per_epoch": 2}}
     per_job, batched = (pipeline_from_dict({**base, "name": n}) for n in ("perjob", "batched"))  # one stream
@@ -243,7 +248,11 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
     b = engine.process(store, batched, spark, max_epochs=100, now=now)
     n = len(a.committed)
     assert n >= 6 and b.committed == a.committed
-    assert jobs[:n] == [1] * n and sum(jobs[n:]) == n and max(jobs[n:]) == 4 and len(jobs[n:]) < n
+    assert jobs[:n] == [1] * n
+    if result_bytes is None:  # jobs of up to 4 planned epochs, each computed whole
+        assert sum(jobs[n:]) == n and max(jobs[n:]) == 4 and len(jobs[n:]) < n
+    else:  # up to 4 planned, one computed: a job per epoch
+        assert len(jobs[n:]) == n and max(jobs[n:]) == 4
 
     from wire_dagster.checkpoint import Checkpoints
 

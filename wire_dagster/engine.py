@@ -141,6 +141,8 @@ def process(
         batch = _plan_job(store, spec, prev, now, known, max_epochs - len(out.committed), progress)
         if not batch:
             break
+        # The job may compute fewer epochs than planned (its results' bound): those are committed,
+        # the others planned again.
         for plan, res in zip(batch, _compute(store, spec, spark, prev, batch)):
             m = _commit_epoch(store, cp, spec, prev, run_id or new_run_id(), plan, res)
             run_id = None
@@ -246,13 +248,13 @@ def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
 
 def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: int, progress) -> list[_Planned]:
     """The epochs one Spark job computes: the next epoch, and the ones after it while they fit
-    one task together — at most `epochs_per_job`, no backfill replay, and the rows the job holds
-    at most `single_task_rows`: the carried rows plus each event times the windows it can land
-    in (`_fanout`: the job's results, all of which the driver receives at once, stay bounded
-    as one epoch's are). Their chunks and watermarks depend on chunk metadata only, so they are
-    planned before any is computed; each is still staged and committed on its own, in order,
-    with the manifest it would have had alone. The stream is listed once per job: the later
-    epochs see that listing from their offsets (`views_from`)."""
+    one task together — at most `epochs_per_job`, no backfill replay, and their events plus the
+    carried rows at most `single_task_rows` (the job itself stops once its results reach
+    `kernel.JOB_RESULT_BYTES`; the epochs it leaves are planned again for the next job). Their
+    chunks and watermarks depend on chunk metadata only, so they are planned before any is
+    computed; each is still staged and committed on its own, in order, with the manifest it
+    would have had alone. The stream is listed once per job: the later epochs see that
+    listing from their offsets (`views_from`)."""
     carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
     base = _from_manifest(prev)
     batch: list[_Planned] = []
@@ -261,7 +263,7 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:
             break
-        held = carried + _fanout(spec) * (sum(p.rows for p in batch) + plan.rows)
+        held = carried + sum(p.rows for p in batch) + plan.rows
         if batch and (base.replay or held > single_task_rows()):
             break  # a replayed epoch, or one that would not fit with the others, starts the next job
         batch.append(plan)
@@ -272,12 +274,6 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
         n_chunks = sum(len(v) for v in plan.taken.values())
         progress(f"epoch {plan.epoch}: {n_chunks} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
     return batch
-
-
-def _fanout(spec: Pipeline) -> int:
-    """Windows one event can land in, over all the pipeline's windows (a sliding window's
-    size / slide, one for tumbling and session windows): a bound on result rows per event."""
-    return sum(-(-w.size // w.slide) if w.type == "sliding" else 1 for w in spec.windows)
 
 
 def epochs_per_job() -> int:

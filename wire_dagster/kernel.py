@@ -40,6 +40,10 @@ from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
 
 _FS_CACHE: dict = {}
 READ_THREADS = 8  # objects of the store fetched at once by the task that holds a whole epoch
+#: A job of several epochs stops after the epoch whose packed results reach this (LZ4 Arrow IPC;
+#: a 500 K-event epoch of three windows packs ~40 MB): what the driver receives at once stays
+#: within it plus one epoch's results; the epochs not computed are the next job's.
+JOB_RESULT_BYTES = 32 << 20
 
 
 def _fs(opts: dict):
@@ -270,11 +274,18 @@ def run_epochs(
     and the next epoch's chunks are fetched while one is computed. Each epoch's result is the
     one `run_epoch(..., single_task=True)` gives for it alone; the job's fixed cost and the
     carried rows' round trip through the store are paid once for all of them. For epochs that
-    together fit one worker (the caller checks `sparksession.single_task_rows`)."""
+    together fit one worker (the caller checks `sparksession.single_task_rows`).
+
+    The task stops after the epoch whose packed results reach JOB_RESULT_BYTES: the results of
+    the epochs it computed, a prefix of `epochs` (at least the first), are returned."""
     from pyspark.sql import functions as F
 
-    packed = _one_task(spark, spec, epochs, state, ids)
-    per_epoch = unpack(packed.toArrow(), len(epochs))
+    packed = _one_task(spark, spec, epochs, state, ids).toArrow()
+    # Every computed epoch has its one-row ("n", "") table, so the computed prefix is known.
+    done = max(packed["epoch"].to_pylist(), default=-1) + 1
+    if done == 0:
+        raise RuntimeError("the kernel's task returned no epoch")
+    per_epoch = unpack(packed, len(epochs))[:done]
     return [_gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch)]
 
 
@@ -290,6 +301,7 @@ def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, 
     # The job's only task may use the cores the session's parallelism names (its shuffle
     # partitions: the local cores by default), as far as its executor has them.
     cores = int(spark.conf.get("spark.sql.shuffle.partitions", "1"))
+    budget = JOB_RESULT_BYTES  # read here: the task carries the value, not the module's name
 
     def task(batches):
         import os
@@ -310,12 +322,17 @@ def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, 
             nxt = ahead.submit(events_of, epochs[0][0])
             side = side_table(spec, {n: f.result() for n, f in loaded.items()}, loaded_ids.result())
             threads = max(1, min(cores, len(os.sched_getaffinity(0))))
+            sent = 0
             for i, (_, w_prev, w_new) in enumerate(epochs):
                 ev = nxt.result()
                 if i + 1 < len(epochs):  # the next epoch's chunks are read while this one is computed
                     nxt = ahead.submit(events_of, epochs[i + 1][0])
                 out = bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)
-                yield from pack(out, epoch=i).to_batches()
+                packed = pack(out, epoch=i)
+                yield from packed.to_batches()
+                sent += packed.nbytes
+                if sent >= budget:
+                    break  # the results the driver receives at once stay bounded: the rest is the next job's
                 if i + 1 < len(epochs):
                     st = {w.name: _sorted_or_none(out.get(("state", w.name)), ["key", "start", "end"]) for w in spec.windows}
                     side = side_table(spec, st, _sorted_or_none(out.get(("ids", "")), ["id"]))

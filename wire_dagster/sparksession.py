@@ -221,10 +221,9 @@ def preload_client() -> threading.Thread:
             kind, _url, _embedded = _resolve(None, None)
         except Exception:  # get_spark reports a bad setting when it is called; nothing to preload
             return
-        import pyspark.sql
+        import importlib
 
-        if kind == "remote":
-            import pyspark.sql.connect.session
+        importlib.import_module("pyspark.sql.connect.session" if kind == "remote" else "pyspark.sql")
 
     t = threading.Thread(target=run, name="wire-spark-import", daemon=True)
     t.start()

@@ -164,16 +164,21 @@ def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
     return sum(c.rows for c in chunks) + carried_rows <= single_task_rows()
 
 
+def _count_setting(name: str, value: int | None, default: int) -> int:
+    """A count >= 1: `value`, else the environment variable `name`, else `default`."""
+    raw = value if value is not None else os.environ.get(name) or default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise WireInputError(f"{name}: expected an integer >= 1, got {raw!r}")
+    return n
+
+
 def keep_epochs_setting(value: int | None = None) -> int:
     """Committed epochs garbage collection keeps: `value`, else WIRE_KEEP_EPOCHS, else 10."""
-    raw = value if value is not None else os.environ.get("WIRE_KEEP_EPOCHS") or 10
-    try:
-        keep = int(raw)
-    except ValueError:
-        keep = 0
-    if keep < 1:
-        raise WireInputError(f"WIRE_KEEP_EPOCHS: expected an integer >= 1, got {raw!r}")
-    return keep
+    return _count_setting("WIRE_KEEP_EPOCHS", value, 10)
 
 
 def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
@@ -279,14 +284,7 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
 def epochs_per_job() -> int:
     """Most epochs one Spark job computes (WIRE_EPOCHS_PER_JOB, default EPOCHS_PER_JOB; 1: a job
     per epoch)."""
-    raw = os.environ.get("WIRE_EPOCHS_PER_JOB") or EPOCHS_PER_JOB
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise WireInputError(f"WIRE_EPOCHS_PER_JOB: expected an integer >= 1, got {raw!r}")
-    return n
+    return _count_setting("WIRE_EPOCHS_PER_JOB", None, EPOCHS_PER_JOB)
 
 
 def _compute(store, spec: Pipeline, spark, prev: Manifest | None, batch: list[_Planned]) -> list[EpochResult]:

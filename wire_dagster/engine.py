@@ -158,6 +158,11 @@ def process(
     return out
 
 
+def _carried_rows(prev: Manifest | None) -> int:
+    """Rows the next epoch carries in: every window's state and the id memory."""
+    return sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+
+
 def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
     """Whether an epoch runs as one Spark task with no shuffle: its events and carried rows
     (window state, id memory) number at most `sparksession.single_task_rows()`."""
@@ -223,10 +228,6 @@ class _Planned:
     w_prev: int
     replay: tuple  # the backfill targets left after this epoch
 
-    @property
-    def rows(self) -> int:
-        return sum(c.rows for c in self.chunks)
-
     def after(self) -> _From:
         # through the manifest's record types, as the next epoch would read them back
         segs = {s: SegmentClock(**SegmentRecord(**c.to_json()).model_dump()) for s, c in self.clock.segments.items()}
@@ -260,7 +261,7 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
     computed; each is still staged and committed on its own, in order, with the manifest it
     would have had alone. The stream is listed once per job: the later epochs see that
     listing from their offsets (`views_from`)."""
-    carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+    carried = _carried_rows(prev)
     base = _from_manifest(prev)
     batch: list[_Planned] = []
     listed = read_stream(store, spec.stream, base.offsets, known)
@@ -268,16 +269,16 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:
             break
-        held = carried + sum(p.rows for p in batch) + plan.rows
-        if batch and (base.replay or held > single_task_rows()):
+        fits = one_task([c for p in (*batch, plan) for c in p.chunks], carried)
+        if batch and (base.replay or not fits):
             break  # a replayed epoch, or one that would not fit with the others, starts the next job
         batch.append(plan)
-        if base.replay or held > single_task_rows():
+        if base.replay or not fits:
             break
         base = plan.after()
-    for plan in batch if progress else []:
-        n_chunks = sum(len(v) for v in plan.taken.values())
-        progress(f"epoch {plan.epoch}: {n_chunks} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
+    if progress:
+        for plan in batch:
+            progress(f"epoch {plan.epoch}: {len(plan.chunks)} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
     return batch
 
 
@@ -298,7 +299,7 @@ def _compute(store, spec: Pipeline, spark, prev: Manifest | None, batch: list[_P
     # millions of open windows).
     state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
     ids = _stored(store, prev.ids) if prev else None
-    carried = sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+    carried = _carried_rows(prev)
     events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]
     pause("before-spark")
     try:

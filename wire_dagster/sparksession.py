@@ -210,11 +210,18 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     return b.getOrCreate()
 
 
+_PRELOAD: threading.Thread | None = None
+
+
 def preload_client() -> threading.Thread:
     """Import the Spark client `get_spark` will use (Spark Connect's for a remote target, else
     PySpark's) in a background thread, for a caller that has other work first: the imports
     (~0.3-0.5 s) then overlap its waits on the store and on Dagster's storage. `get_spark`
-    works whether it has finished or not (an import in progress is waited for, not repeated)."""
+    works whether it has finished or not (an import in progress is waited for, not repeated).
+    Once per process: `wire tick` calls it, then each run it executes in-process."""
+    global _PRELOAD
+    if _PRELOAD is not None:
+        return _PRELOAD
 
     def run() -> None:
         try:
@@ -225,9 +232,9 @@ def preload_client() -> threading.Thread:
 
         importlib.import_module("pyspark.sql.connect.session" if kind == "remote" else "pyspark.sql")
 
-    t = threading.Thread(target=run, name="wire-spark-import", daemon=True)
-    t.start()
-    return t
+    _PRELOAD = threading.Thread(target=run, name="wire-spark-import", daemon=True)
+    _PRELOAD.start()
+    return _PRELOAD
 
 
 def _remote(url: str, app: str):

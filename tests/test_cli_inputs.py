@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -218,3 +219,38 @@ def test_no_command_prints_the_help_and_no_empty_error(capsys: pytest.CaptureFix
     assert p.returncode == 2
     assert "Usage:" in p.stdout + p.stderr and "produce" in p.stdout + p.stderr
     assert "error:" not in p.stderr, p.stderr
+
+
+def test_the_console_script_exits_with_mains_code_after_every_exit_handler(tmp_path):
+    """`wire` is `cli.entry`: its exit skips the interpreter's teardown (os._exit), but only after
+    Python has joined the non-daemon threads and run the exit handlers registered while the
+    command ran, with stdout and stderr flushed, and with the code `main` returned."""
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "wire"]
+    assert script.value == "wire_dagster.cli:entry"
+    marks = tmp_path / "marks"
+    prog = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+import wire_dagster.cli as cli
+
+def main(argv=None):
+    marks = Path({str(marks)!r})
+    def late_thread():
+        while cli._EXIT_CODE is None:  # finishes only after main has returned: the exit joins it
+            time.sleep(0.01)
+        marks.open("a").write("thread\\n")
+    threading.Thread(target=late_thread).start()
+    atexit.register(lambda: marks.open("a").write("handler\\n"))
+    sys.stdout.write("no newline, buffered")
+    sys.stderr.write("err, buffered")
+    return 3
+
+cli.main = main
+cli.entry()
+"""
+    p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert (p.stdout, p.stderr) == ("no newline, buffered", "err, buffered")
+    assert marks.read_text() == "thread\nhandler\n"

@@ -91,6 +91,27 @@ def test_publish_follows_the_latest_manifest_only(store: ObjectStore, spec) -> N
     assert cp.publish(m2) == []  # nothing differs any more
 
 
+@pytest.mark.parametrize("with_md5", [True, False], ids=["copied-in-the-store", "read-and-written"])
+def test_publish_refuses_a_staged_file_altered_after_the_commit(store: ObjectStore, spec, with_md5: bool) -> None:
+    """A staged file is published by a copy inside the store conditioned on the MD5 it was staged
+    with (or, for a manifest with no MD5, read and checked against its sha256): altered after the
+    commit, it is refused as corrupt and its published copy is not written."""
+    cp = Checkpoints(store, spec.name)
+    m = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 1)]})
+    if not with_md5:  # a manifest written before FileRef had an MD5
+        m = m.model_copy(update={"outputs": {"tumble": {p: r.model_copy(update={"md5": None}) for p, r in m.outputs["tumble"].items()}}})
+    ref = m.outputs["tumble"][str(P1)]
+    good = store.get(ref.key)
+    store.put(ref.key, good + b"tampered")
+    with pytest.raises(CorruptManifest, match=f"{ref.key} no longer matches"):
+        cp._publish(m, None)
+    assert not store.exists(cp.published_key("tumble", P1))
+    store.put(ref.key, good)
+    assert cp.published_key("tumble", P1) in cp._publish(m, None)
+    for p in (P0, P1):
+        assert sha256(store.get(cp.published_key("tumble", p))) == m.outputs["tumble"][str(p)].sha256
+
+
 def test_partial_publish_removes_a_partition_left_empty(store: ObjectStore, spec) -> None:
     """Publishing only the partitions an epoch changed (what `process` and backfills do) also
     removes the published copy of a changed partition the new manifest no longer names (a
@@ -152,9 +173,9 @@ def test_gc_keeps_last_k_and_every_file_they_name(store: ObjectStore, spec) -> N
 
 
 def test_gc_killed_half_way_leaves_no_marker_without_its_manifest(store: ObjectStore, cli_env, tmp_path) -> None:
-    """`wire gc` killed between deleting an old epoch's two objects (WIRE_FAULT=during-gc:2):
-    every remaining marker still names a loadable manifest (the marker goes first), readers
-    are unaffected, and the next gc finishes the job."""
+    """`wire gc` killed between deleting the old epochs' markers and their manifests (WIRE_FAULT=
+    during-gc:2; each is one batch): every remaining marker still names a loadable manifest (the
+    markers go first), readers are unaffected, and the next gc finishes the job."""
     from commit_scenario import assert_committed_sound, wire, write_pipeline
 
     spec, yml = write_pipeline(tmp_path, "cp")
@@ -164,7 +185,7 @@ def test_gc_killed_half_way_leaves_no_marker_without_its_manifest(store: ObjectS
         m = hand_epoch(cp, spec, n, f"run-{n}", {T0 + n * 10_000: [("k", T0 + n * 10_000, n)]}, carry=m)
     seen = tumble_rows(store, spec)
     wire(["gc", "--pipeline", yml, "--keep", "1"], dict(cli_env, WIRE_FAULT="during-gc:2"), expect_rc=86)
-    assert cp.committed() == [2, 3] and cp.epochs() == [1, 2, 3]  # epoch 1: marker deleted, manifest not yet
+    assert cp.committed() == [3] and cp.epochs() == [1, 2, 3]  # epochs 1, 2: markers deleted, manifests not yet
     assert_committed_sound(store, spec)
     assert tumble_rows(store, spec) == seen
     wire(["gc", "--pipeline", yml, "--keep", "1"], cli_env)

@@ -224,6 +224,19 @@ def test_delete_many(store: ObjectStore) -> None:
     assert store.delete_many([]) == 0
 
 
+def test_copy_inside_the_store_if_the_source_is_unchanged(store: ObjectStore) -> None:
+    etag = store.put("c/src", b"payload")
+    assert store.copy("c/src", "c/dst", if_match=etag) is True
+    assert store.get("c/dst") == b"payload" and store.head("c/dst").etag == etag
+    store.put("c/src", b"changed")
+    assert store.copy("c/src", "c/dst2", if_match=etag) is False  # the precondition failed: nothing written
+    assert not store.exists("c/dst2") and store.get("c/dst") == b"payload"
+    with pytest.raises(ObjectNotFound):
+        store.copy("c/missing", "c/dst3", if_match=etag)
+    assert not store.exists("c/dst3")
+    store.delete_many(["c/src", "c/dst"])
+
+
 # -------------------------------------------------------- conditional create
 def test_create_if_absent(store: ObjectStore) -> None:
     store.create_if_absent("m/_COMMITTED", b"run-1")

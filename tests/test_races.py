@@ -143,11 +143,18 @@ class _SlowPublisher:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def put(self, key: str, data: bytes) -> str:
+    def _first_write(self, key: str) -> None:
         if "/output/" in key and self._rival is not None:
             rival, self._rival = self._rival, None
             rival()
+
+    def put(self, key: str, data: bytes) -> str:
+        self._first_write(key)
         return self._inner.put(key, data)
+
+    def copy(self, src: str, dst: str, if_match: str) -> bool:  # how a staged file is published
+        self._first_write(dst)
+        return self._inner.copy(src, dst, if_match)
 
 
 def test_late_publisher_cannot_leave_older_output(store: ObjectStore, spec) -> None:

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,11 +39,12 @@ from .errors import (
     ObjectStoreError,
 )
 from .faults import fault
-from .objectstore import ObjectStore
+from .objectstore import ObjectStore, ObjInfo
 from .spec import check_name
 from .timeutil import now_ms
 
 MANIFEST_VERSION = 1
+PUBLISH_THREADS = 8  # partitions published side by side (each a few round trips to the store)
 
 
 class FileRef(BaseModel):
@@ -370,29 +372,49 @@ class Checkpoints:
         return fixed
 
     def _publish(self, manifest: Manifest, windows_partitions: dict[str, list[int]] | None) -> list[str]:
-        fixed = []
-        # Every published copy: one listing (sizes and ETags) rather than a HEAD per partition.
-        listed = {i.key: i for i in self.store.list(f"{self.root}output/")} if windows_partitions is None else None
+        # Published copies (sizes and ETags) by key, from listings: every one when all are checked
+        # (one listing, which also finds the strays), else a window's when a listing takes fewer
+        # requests (1,000 keys a page) than a HEAD for each of its partitions to publish.
+        listed: dict[str, ObjInfo] = {}
+        if windows_partitions is None:
+            listed = {i.key: i for i in self.store.list(f"{self.root}output/")}
+        jobs = []
         for window, parts in manifest.outputs.items():
             wanted = windows_partitions.get(window) if windows_partitions is not None else None
-            for p, ref in parts.items():
-                if wanted is not None and int(p) not in wanted:
-                    continue
-                pkey = self.published_key(window, int(p))
-                info = listed.get(pkey) if listed is not None else self.store.head(pkey)
-                if info is not None and info.size == ref.bytes:
-                    if ref.md5 is not None and info.etag == ref.md5:
-                        continue  # the copy's MD5 (the ETag of its PUT) is the staged file's
-                    # No MD5 recorded, or an ETag that is not one (multipart, encryption): the bytes decide.
-                    current = self.store.get(pkey)
-                    if sha256(current) == ref.sha256:
-                        continue
-                data = self.store.get(ref.key)
-                if sha256(data) != ref.sha256:
+            todo = [(window, int(p), ref) for p, ref in parts.items() if wanted is None or int(p) in wanted]
+            by_listing = windows_partitions is None
+            if todo and not by_listing and len(parts) // 1000 + 1 < len(todo):
+                listed.update((i.key, i) for i in self.store.list(f"{self.root}output/{window}/"))
+                by_listing = True
+            jobs += [(w, p, ref, by_listing) for w, p, ref in todo]
+
+        def one(job: tuple[str, int, FileRef, bool]) -> str | None:
+            """The partition's published key if its copy had to be written."""
+            window, p, ref, was_listed = job
+            pkey = self.published_key(window, p)
+            info = listed.get(pkey) if was_listed else self.store.head(pkey)
+            if info is not None and info.size == ref.bytes:
+                if ref.md5 is not None and info.etag == ref.md5:
+                    return None  # the copy's MD5 (the ETag of its PUT) is the staged file's
+                # No MD5 recorded, or an ETag that is not one (multipart, encryption): the bytes decide.
+                if sha256(self.store.get(pkey)) == ref.sha256:
+                    return None
+            fault("during-publish")
+            if ref.md5 is not None:
+                # Copied inside the store, if the staged file still has the MD5 it was staged with.
+                if not self.store.copy(ref.key, pkey, if_match=ref.md5):
                     raise CorruptManifest(f"staged file {ref.key} no longer matches its committed checksum")
-                fault("during-publish")
-                self.store.put(pkey, data)
-                fixed.append(pkey)
+                return pkey
+            data = self.store.get(ref.key)
+            if sha256(data) != ref.sha256:
+                raise CorruptManifest(f"staged file {ref.key} no longer matches its committed checksum")
+            self.store.put(pkey, data)
+            return pkey
+
+        # Partitions side by side: each is a round trip or two to the store (a backlog's run
+        # publishes hundreds); the keys come back in the manifest's order.
+        with ThreadPoolExecutor(max_workers=PUBLISH_THREADS) as pool:
+            fixed = [k for k in pool.map(one, jobs) if k is not None]
         # Published files no committed manifest names (a zombie, a hand-made file) are removed.
         names = {self.published_key(w, int(p)) for w, parts in manifest.outputs.items() for p in parts}
         if windows_partitions is None:
@@ -430,30 +452,30 @@ class Checkpoints:
         manifests = [self.load(n) for n in kept]
         referenced = {f.key for m in manifests for f in m.files()}
         committed_runs = {m.run_id for m in (self.marker(n) for n in committed) if m}
-        deleted_epochs = 0
         doomed = [n for n in committed if kept and n < kept[0]]
         if doomed:
             self._compact(doomed[-1])  # before any marker goes: backfills still replay these epochs
-        for n in self.epochs():
-            if kept and (n < kept[0] or (n < kept[-1] and n not in committed)):
-                keys = [i.key for i in self.store.list(self.epoch_prefix(n))]
-                # The marker goes first: a crash half-way leaves an uncommitted epoch (collected
-                # next time), never a committed marker whose manifest is gone.
-                keys.sort(key=lambda k: not k.endswith("_COMMITTED"))
-                for k in keys:
-                    fault("during-gc")
-                    self.store.delete(k)
-                deleted_epochs += 1
+        listing = self._listing()
+        gone = [n for n in sorted(listing) if kept and (n < kept[0] or (n < kept[-1] and n not in committed))]
+        keys = [self.epoch_prefix(n) + name for n in gone for name in sorted(listing[n])]
+        # The markers go first: a crash half-way leaves uncommitted epochs (collected next time),
+        # never a committed marker whose manifest is gone.
+        markers = {k for k in keys if k.endswith("/_COMMITTED")}
+        for batch in ([k for k in keys if k in markers], [k for k in keys if k not in markers]):
+            if batch:
+                fault("during-gc")
+                self.store.delete_many(batch)
+        deleted_epochs = len(gone)
         cutoff = now_ms() - int(grace_s * 1000)
-        deleted_files = 0
+        stale = []
         for info in self.store.list(f"{self.root}staging/"):
             run = info.key[len(f"{self.root}staging/") :].split("/", 1)[0]
             if info.key in referenced or run == current_run:
                 continue
             if run in committed_runs or info.last_modified_ms < cutoff:
-                self.store.delete(info.key)
-                deleted_files += 1
-        return {"epochs": deleted_epochs, "files": deleted_files}
+                stale.append(info.key)
+        self.store.delete_many(stale)
+        return {"epochs": deleted_epochs, "files": len(stale)}
 
 
 def new_run_id() -> str:

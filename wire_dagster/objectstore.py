@@ -425,6 +425,30 @@ class ObjectStore:
         )
         return _etag(r.get("ETag"))
 
+    def copy(self, src: str, dst: str, if_match: str) -> bool:
+        """Copy object `src` to `dst` (overwriting) inside the store, if `src`'s ETag is still
+        `if_match` (CopySourceIfMatch); False, and nothing written, if it is not. ObjectNotFound
+        if `src` does not exist. The bytes never leave the server."""
+        source = {"Bucket": self.bucket, "Key": src}
+
+        def go() -> bool:
+            try:
+                self._client.copy_object(Bucket=self.bucket, Key=dst, CopySource=source, CopySourceIfMatch=f'"{if_match}"')
+            except bexc.ClientError as exc:
+                if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
+                    return False
+                raise
+            return True
+
+        try:
+            return self._call("copy", dst, go)
+        except bexc.ClientError as exc:
+            if _status(exc) == 404 and _code(exc) != "NoSuchBucket":
+                raise ObjectNotFound(src) from None
+            raise self._fail("copy", dst, exc) from exc
+        except bexc.BotoCoreError as exc:
+            raise self._fail("copy", dst, exc) from exc
+
     def create_if_absent(self, key: str, data: bytes) -> None:
         """Create `key` only if no object exists there (If-None-Match: *): exactly one concurrent creator wins.
 

@@ -106,6 +106,30 @@ def test_read_stops_at_a_gap(store: ObjectStore, spec: Pipeline, tmp_path: Path)
     assert [c.seq for c in streams.read_stream(store, spec.stream, {"0": 2})["0"].chunks] == [2]
 
 
+def test_index_objects_are_read_once_per_process_and_by_content(store: ObjectStore, spec: Pipeline, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader of the stream reads each chunk's index object once in a process (the sensor, then
+    the run of one `wire tick`): the listing's ETag keys what was read, so an index object whose
+    content differs (rewritten by hand here; claimed chunks never change) is read again."""
+    streams.produce(store, spec, write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(6)]), chunk_rows=2)
+    gets: list[str] = []
+    real_get = ObjectStore.get
+    monkeypatch.setattr(ObjectStore, "get", lambda self, key: gets.append(key) or real_get(self, key))
+    index = [streams.index_key(spec.stream, "0", n) for n in range(3)]
+
+    first = streams.read_stream(store, spec.stream, {})["0"].chunks
+    assert [c.seq for c in first] == [0, 1, 2] and sorted(k for k in gets if k in index) == index
+    gets.clear()
+    assert streams.read_stream(store, spec.stream, {})["0"].chunks == first
+    assert [k for k in gets if k in index] == []  # every index object came from the first reading
+
+    meta = json.loads(real_get(store, index[1]))
+    store.put(index[1], json.dumps({**meta, "rows": meta["rows"] + 1}).encode())
+    again = streams.read_stream(store, spec.stream, {})["0"].chunks
+    assert [k for k in gets if k in index] == [index[1]]
+    assert again[1].rows == first[1].rows + 1 and (again[0], again[2]) == (first[0], first[2])
+
+
 def test_large_input_is_split_into_chunks_of_chunk_rows(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
     n, size = 2_345, 500
     recs = [event(i, T(spec, (i * 7919) % 600_000), key=f"k{i % 11}", amount=float(i)) for i in range(n)]

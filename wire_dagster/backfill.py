@@ -55,11 +55,10 @@ def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], 
     w_prev = NEG_INF
     offsets: dict[str, int] = {}
     wanted = pa.array(sorted(set(partitions)), pa.int64())
-    known: dict = {}  # index objects read so far (a replay reads the stream epoch after epoch)
     if progress:
         progress(0, len(steps))
     for i, st in enumerate(steps):
-        views = read_stream(store, spec.stream, offsets, known)
+        views = read_stream(store, spec.stream, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
         carried = sum(t.num_rows for t in state.values() if t is not None) + (ids.num_rows if ids is not None else 0)
         events = epoch_chunks(store.fs_options(), store.bucket, spec, chunks)

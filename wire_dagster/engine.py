@@ -135,10 +135,9 @@ def process(
     out = Outcome(manifest=prev)
     if prev is not None:
         out.repaired = cp.publish(prev)
-    known: dict[str, ChunkMeta] = {}  # the stream's index objects read so far (they never change)
     changed: dict[str, set[int]] = {}
     while len(out.committed) < max_epochs:
-        batch = _plan_job(store, spec, prev, now, known, max_epochs - len(out.committed), progress)
+        batch = _plan_job(store, spec, prev, now, max_epochs - len(out.committed), progress)
         if not batch:
             break
         # The job may compute fewer epochs than planned (its results' bound): those are committed,
@@ -154,7 +153,7 @@ def process(
         cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
         cp.gc(keep=keep_epochs, current_run=prev.run_id)
     offsets = prev.remap if prev else {}
-    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets, known).values())
+    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
     return out
 
 
@@ -252,7 +251,7 @@ def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
     return _Planned(base.epoch + 1, taken, chunks, clock, base.watermark, tuple(base.replay[1:]))
 
 
-def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: int, progress) -> list[_Planned]:
+def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, limit: int, progress) -> list[_Planned]:
     """The epochs one Spark job computes: the next epoch, and the ones after it while they fit
     one task together — at most `epochs_per_job`, no backfill replay, and their events plus the
     carried rows at most `single_task_rows` (the job itself stops once its results reach
@@ -264,7 +263,7 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, known, limit: i
     carried = _carried_rows(prev)
     base = _from_manifest(prev)
     batch: list[_Planned] = []
-    listed = read_stream(store, spec.stream, base.offsets, known)
+    listed = read_stream(store, spec.stream, base.offsets)
     while len(batch) < min(limit, epochs_per_job()):
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:

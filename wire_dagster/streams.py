@@ -19,6 +19,7 @@ import io
 import json
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -683,33 +684,58 @@ class SegmentView:
     sealed_at: int | None  # last sequence if sealed
 
 
-def read_stream(
-    store: ObjectStore, stream: str, offsets: dict[str, int], known: dict[str, ChunkMeta] | None = None
-) -> dict[str, SegmentView]:
+#: Chunk index objects read in this process, by (endpoint, bucket, key, ETag): a claimed chunk's
+#: index never changes, and the listing's ETag names its content, so a reader of the stream (the
+#: sensor, then the run in one `wire tick`; a backlog's jobs) reads each one once.
+_INDEX_CACHE: OrderedDict[tuple[str, str, str, str], ChunkMeta] = OrderedDict()
+_INDEX_CACHE_MAX = 100_000
+_INDEX_LOCK = threading.Lock()
+INDEX_READ_THREADS = 8  # index objects fetched side by side (each a small GET)
+
+
+def _index_entries(store: ObjectStore, infos: list) -> list[ChunkMeta]:
+    """The chunks of index objects `infos` (listing entries), from the cache or the store."""
+    where = (store.cfg.endpoint, store.bucket)
+    with _INDEX_LOCK:
+        hits = {i.key: _INDEX_CACHE.get((*where, i.key, i.etag)) for i in infos if i.etag}
+    missing = [i for i in infos if hits.get(i.key) is None]
+    if missing:
+        def read(info) -> ChunkMeta:
+            return ChunkMeta.from_json(json.loads(store.get(info.key)))
+
+        with ThreadPoolExecutor(max_workers=min(INDEX_READ_THREADS, len(missing))) as pool:
+            fetched = dict(zip((i.key for i in missing), pool.map(read, missing)))
+        with _INDEX_LOCK:
+            for i in missing:
+                if i.etag:
+                    _INDEX_CACHE[(*where, i.key, i.etag)] = fetched[i.key]
+            while len(_INDEX_CACHE) > _INDEX_CACHE_MAX:
+                _INDEX_CACHE.popitem(last=False)
+        hits.update(fetched)
+    return [hits[i.key] for i in infos]
+
+
+def read_stream(store: ObjectStore, stream: str, offsets: dict[str, int]) -> dict[str, SegmentView]:
     """New chunks of every segment after the offset vector (next sequence to read).
 
     Lists only each segment's index after its offset (start-after), never the bucket.
-    Stops at the first gap so the offset vector stays gapless. `known` (index key -> chunk,
-    filled here) spares the reads of index objects already read: a claimed chunk never
-    changes, so a caller reading the stream epoch after epoch reads each index once.
+    Stops at the first gap so the offset vector stays gapless. Index objects already read
+    by this process are not read again (`_INDEX_CACHE`); the others are read side by side.
     """
-    known = {} if known is None else known
     views = {}
     for seg in list_segments(store, stream):
         start = offsets.get(seg, 0)
         after = index_key(stream, seg, start - 1) if start > 0 else None
         sealed = sealed_seq(store, stream, seg)
-        chunks = []
+        taken = []
         expect = start
         for info in store.list(segment_prefix(stream, seg) + "index/", start_after=after):
             seq = int(info.key.rsplit("/", 1)[1].split(".")[0])
             if seq != expect or (sealed is not None and seq > sealed):
                 break
-            if info.key not in known:
-                known[info.key] = ChunkMeta.from_json(json.loads(store.get(info.key)))
-            chunks.append(known[info.key])
+            taken.append(info)
             expect += 1
-        views[seg] = SegmentView(seg, chunks, sealed)
+        views[seg] = SegmentView(seg, _index_entries(store, taken), sealed)
     return views
 
 

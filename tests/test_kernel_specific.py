@@ -212,12 +212,14 @@ def test_empty_epoch(spark, w_prev, w_new):
 
 @pytest.mark.parametrize("result_bytes", [None, 1], ids=["results fit", "results bound: one epoch per job"])
 def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch, result_bytes):
-    """A backlog computed several epochs per Spark job (state carried in the task) commits, epoch
-    by epoch, the same manifests as one job per epoch — same chunks, watermarks, counts, bytes of
-    every result partition, state file and id memory, and dead letters — and the results equal
-    the reference's, epoch by epoch; the batched run needs fewer Spark jobs. When a job's
-    results reach `kernel.JOB_RESULT_BYTES` the task stops: the epochs it computed are committed
-    and the rest planned again (with a 1-byte bound, every job computes one of its epochs)."""
+    """A backlog computed several epochs per Spark job (state carried in the task), each job
+    computing while the previous job's epochs are committed, commits, epoch by epoch, the same
+    manifests as one job per epoch with nothing overlapping (one epoch per `process` call) — same
+    chunks, watermarks, counts, bytes of every result partition, state file and id memory, and
+    dead letters — and the results equal the reference's, epoch by epoch; the batched run needs
+    fewer Spark jobs. When a job's results reach `kernel.JOB_RESULT_BYTES` the task stops: the
+    epochs it computed are committed and the rest planned again (with a 1-byte bound, every job
+    computes one of its epochs)."""
     import random
 
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "1000000")
@@ -243,7 +245,9 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
     monkeypatch.setattr(engine, "run_epochs", lambda *a, **kw: jobs.append(len(a[2])) or real(*a, **kw))
     now = streams.now_ms()
     monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "1")
-    a = engine.process(store, per_job, spark, max_epochs=100, now=now)
+    a = engine.Outcome(manifest=None)
+    while step := engine.process(store, per_job, spark, max_epochs=1, now=now).committed:
+        a.committed += step
     monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "4")
     b = engine.process(store, batched, spark, max_epochs=100, now=now)
     n = len(a.committed)
@@ -278,3 +282,53 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
         assert not problems, "\n".join(problems)
     assert b.manifest.totals.duplicate == ref.counts["duplicate"] and b.manifest.totals.late == {
         w.name: ref.window_counts[w.name]["late"] for w in per_job.windows}
+
+
+def test_a_failed_commit_leaves_the_next_job_uncommitted_and_the_retry_commits_the_same(store, spark, tmp_path, monkeypatch):
+    """While a job's epochs are committed the next job computes; when a commit fails (here the
+    second epoch's, as a rival's commit or a lost store would make it), `process` raises after the
+    next job has ended, nothing past the failed epoch is committed, and the next call commits the
+    rest: the same manifests as one epoch per call."""
+    from wire_dagster.checkpoint import Checkpoints
+
+    monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "1000000")
+    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "1")  # a job per epoch: every commit overlaps the next job
+    base = {**PIPE, "limits": {"max_chunks_per_epoch": 1}}
+    failing, calm = (pipeline_from_dict({**base, "name": n}) for n in ("failing", "calm"))  # one stream
+    for c in range(4):
+        recs = [{"ts": c * 20 + i, "user": "ab"[i % 2], "event_id": f"{c}-{i}", "amount": 1.0} for i in range(10)]
+        _produce(store, failing, tmp_path, "s0", recs, f"c{c}")
+    streams.close_stream(store, failing)
+    now = streams.now_ms()
+
+    jobs: list[int] = []
+    real_compute, real_commit = engine._compute, engine._commit_epoch
+    monkeypatch.setattr(engine, "_compute", lambda *a: jobs.append(a[-1][0].epoch) or real_compute(*a))
+    commits = []
+
+    def commit(*a, **kw):
+        commits.append(a[5].epoch)
+        if len(commits) == 2:
+            raise RuntimeError("commit refused")
+        return real_commit(*a, **kw)
+
+    monkeypatch.setattr(engine, "_commit_epoch", commit)
+    with pytest.raises(RuntimeError, match="commit refused"):
+        engine.process(store, failing, spark, max_epochs=100, now=now)
+    cp = Checkpoints(store, "failing")
+    assert cp.committed() == [1] and commits == [1, 2]
+    assert jobs == [1, 2, 3]  # epoch 3's job was computing during the refused commit: it ran to its end, uncommitted
+
+    monkeypatch.setattr(engine, "_commit_epoch", real_commit)
+    retried = engine.process(store, failing, spark, max_epochs=100, now=now).committed
+    seq = []
+    while step := engine.process(store, calm, spark, max_epochs=1, now=now).committed:
+        seq += step
+    assert len(seq) >= 4 and [1, *retried] == seq
+    for epoch in seq:
+        ma, mb = Checkpoints(store, "failing").load(epoch), Checkpoints(store, "calm").load(epoch)
+        assert (ma.watermark, ma.chunks, ma.counts) == (mb.watermark, mb.chunks, mb.counts)
+        assert {w: {p: r.sha256 for p, r in ps.items()} for w, ps in ma.outputs.items()} == {
+            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()}
+        assert {w: r.sha256 for w, r in ma.state.items()} == {w: r.sha256 for w, r in mb.state.items()}
+        assert ma.ids.sha256 == mb.ids.sha256

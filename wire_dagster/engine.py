@@ -136,19 +136,38 @@ def process(
     if prev is not None:
         out.repaired = cp.publish(prev)
     changed: dict[str, set[int]] = {}
-    while len(out.committed) < max_epochs:
-        batch = _plan_job(store, spec, prev, now, max_epochs - len(out.committed), progress)
-        if not batch:
-            break
-        # The job may compute fewer epochs than planned (its results' bound): those are committed,
-        # the others planned again.
-        for plan, res in zip(batch, _compute(store, spec, spark, prev, batch)):
-            m = _commit_epoch(store, cp, spec, prev, run_id or new_run_id(), plan, res)
-            run_id = None
-            out.committed.append(m.epoch)
-            out.manifest = prev = m
-            for w, ps in m.changed.items():
-                changed.setdefault(w, set()).update(ps)
+    # A job's epochs are committed while the next job computes: it is planned from the last epoch
+    # the first computed (the stream listed again), whose state and id memory are staged first for
+    # its executors to read. The commits' round trips to the store and merges overlap the Spark task;
+    # one job runs at a time, and the epochs commit in order, each with the manifest it has alone.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-next-job") as ahead:
+        batch = _plan_job(store, spec, _from_manifest(prev), _Carry.of(prev).rows, now, max_epochs, progress)
+        pending = ahead.submit(_compute, store, spec, spark, _Carry.of(prev), batch) if batch else None
+        while pending is not None:
+            results = pending.result()
+            done, pending = batch[: len(results)], None
+            ids = []
+            for _ in done:  # the call's first epoch keeps the given run id
+                ids.append(run_id or new_run_id())
+                run_id = None
+            left = max_epochs - len(out.committed) - len(done)
+            carry: _Carry | None = None
+            nxt = _plan_job(store, spec, done[-1].after(), _result_rows(results[-1]), now, left, progress) if left > 0 else []
+            if nxt:
+                carry = _stage_carry(cp, ids[-1], done[-1].epoch, results[-1])
+                pending = ahead.submit(_compute, store, spec, spark, carry, nxt)
+            try:
+                for i, (plan, res) in enumerate(zip(done, results)):
+                    m = _commit_epoch(store, cp, spec, prev, ids[i], plan, res, carry if i == len(done) - 1 else None)
+                    out.committed.append(m.epoch)
+                    out.manifest = prev = m
+                    for w, ps in m.changed.items():
+                        changed.setdefault(w, set()).update(ps)
+            except BaseException:
+                if pending is not None:  # the next job's epochs are never committed: its Spark job ends first
+                    pending.exception()
+                raise
+            batch = nxt
     if out.committed:
         cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
         cp.gc(keep=keep_epochs, current_run=prev.run_id)
@@ -157,9 +176,43 @@ def process(
     return out
 
 
-def _carried_rows(prev: Manifest | None) -> int:
-    """Rows the next epoch carries in: every window's state and the id memory."""
-    return sum(r.rows for r in prev.state.values()) + (prev.ids.rows if prev.ids else 0) if prev else 0
+def _result_rows(res: EpochResult) -> int:
+    """The rows of window state and id memory a computed epoch leaves (`_Carry.rows` once staged)."""
+    return sum(r.state.num_rows for r in res.windows.values()) + (res.ids.num_rows if res.ids is not None else 0)
+
+
+@dataclass(frozen=True)
+class _Carry:
+    """An epoch's window state and id memory as staged files: what its manifest names, and what
+    the next Spark job's executors read (they can hold millions of open windows)."""
+
+    state: dict[str, FileRef]
+    ids: FileRef | None
+
+    @classmethod
+    def of(cls, prev: Manifest | None) -> _Carry:
+        return cls(dict(prev.state), prev.ids) if prev else cls({}, None)
+
+    @property
+    def rows(self) -> int:
+        """Rows the next epoch carries in: every window's state and the id memory."""
+        return sum(r.rows for r in self.state.values()) + (self.ids.rows if self.ids else 0)
+
+
+def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> _Carry:
+    """Stage a computed epoch's window state and id memory (state side by side)."""
+
+    def stage_state(name: str) -> FileRef:
+        t = res.windows[name].state
+        return cp.stage(run_id, f"state/{name}.parquet", parquet_bytes(t), t.num_rows, epoch)
+
+    st_refs = {}
+    with ThreadPoolExecutor(max_workers=STAGING_THREADS) as pool:
+        for name, ref in zip(res.windows, pool.map(stage_state, list(res.windows))):
+            st_refs[name] = ref
+            fault("during-state-snapshot")
+    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids), res.ids.num_rows, epoch) if res.ids is not None else None
+    return _Carry(st_refs, ids_ref)
 
 
 def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
@@ -251,8 +304,10 @@ def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
     return _Planned(base.epoch + 1, taken, chunks, clock, base.watermark, tuple(base.replay[1:]))
 
 
-def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, limit: int, progress) -> list[_Planned]:
-    """The epochs one Spark job computes: the next epoch, and the ones after it while they fit
+def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int, progress) -> list[_Planned]:
+    """The epochs one Spark job computes after `base` (the last epoch committed, or the last one
+    the previous job computed), whose state and id memory hold `carried` rows: the next epoch,
+    and the ones after it while they fit
     one task together — at most `epochs_per_job`, no backfill replay, and their events plus the
     carried rows at most `single_task_rows` (the job itself stops once its results reach
     `kernel.JOB_RESULT_BYTES`; the epochs it leaves are planned again for the next job). Their
@@ -260,8 +315,6 @@ def _plan_job(store, spec: Pipeline, prev: Manifest | None, now, limit: int, pro
     computed; each is still staged and committed on its own, in order, with the manifest it
     would have had alone. The stream is listed once per job: the later epochs see that
     listing from their offsets (`views_from`)."""
-    carried = _carried_rows(prev)
-    base = _from_manifest(prev)
     batch: list[_Planned] = []
     listed = read_stream(store, spec.stream, base.offsets)
     while len(batch) < min(limit, epochs_per_job()):
@@ -287,22 +340,19 @@ def epochs_per_job() -> int:
     return _count_setting("WIRE_EPOCHS_PER_JOB", None, EPOCHS_PER_JOB)
 
 
-def _compute(store, spec: Pipeline, spark, prev: Manifest | None, batch: list[_Planned]) -> list[EpochResult]:
-    """The Spark job of planned epochs: one task for all of them when they fit one worker
-    (`_plan_job` made sure), else the key-bucket plan of the one epoch."""
+def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned]) -> list[EpochResult]:
+    """The Spark job of planned epochs, from `carry` (read by the executors): one task for all of
+    them when they fit one worker (`_plan_job` made sure), else the key-bucket plan of the one epoch."""
     if spark is None:
         from .sparksession import get_spark
 
         spark = get_spark()
-    # The carried state is read by the executors, not shipped from the driver (it can hold
-    # millions of open windows).
-    state = {w.name: _stored(store, prev.state.get(w.name)) if prev else None for w in spec.windows}
-    ids = _stored(store, prev.ids) if prev else None
-    carried = _carried_rows(prev)
+    state = {w.name: _stored(store, carry.state.get(w.name)) for w in spec.windows}
+    ids = _stored(store, carry.ids)
     events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]
     pause("before-spark")
     try:
-        if len(batch) == 1 and not one_task(batch[0].chunks, carried):
+        if len(batch) == 1 and not one_task(batch[0].chunks, carry.rows):
             p = batch[0]
             return [run_epoch(spark, spec, events[0], state, ids, p.w_prev, p.clock.watermark, single_task=False)]
         return run_epochs(spark, spec, [(ev, p.w_prev, p.clock.watermark) for ev, p in zip(events, batch)], state, ids)
@@ -316,8 +366,9 @@ def _compute(store, spec: Pipeline, spark, prev: Manifest | None, batch: list[_P
 
 
 def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None, run_id: str, plan: _Planned,
-                  res: EpochResult) -> Manifest:
-    """Stage a computed epoch's outputs, state and dead letters, then prepare and commit its manifest."""
+                  res: EpochResult, carry: _Carry | None = None) -> Manifest:
+    """Stage a computed epoch's outputs, state and dead letters (state and id memory unless
+    `carry` staged them already, under `run_id`), then prepare and commit its manifest."""
     epoch, taken, chunks, clock, w_prev = plan.epoch, plan.taken, plan.chunks, plan.clock, plan.w_prev
     replay = list(prev.replay) if prev else []
     fault("before-staging")
@@ -355,17 +406,8 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
         for w in spec.windows:
             changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))
         fault("after-staging")
-
-        def stage_state(name: str) -> FileRef:
-            t = res.windows[name].state
-            return cp.stage(run_id, f"state/{name}.parquet", parquet_bytes(t), t.num_rows, epoch)
-
-        names = [w.name for w in spec.windows]
-        st_refs = {}
-        for name, ref in zip(names, pool.map(stage_state, names)):
-            st_refs[name] = ref
-            fault("during-state-snapshot")
-    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids), res.ids.num_rows, epoch) if res.ids is not None else None
+    carry = carry or _stage_carry(cp, run_id, epoch, res)
+    st_refs, ids_ref = carry.state, carry.ids
     dls = list(prev.dead_letters) if prev else []
     if res.dead_letters.num_rows:
         fault("during-dead-letters")

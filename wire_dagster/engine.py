@@ -7,7 +7,8 @@ CLI and the tests call; none of them imports Dagster.
 
 A backlog's epochs are planned from chunk metadata (`_plan_job`) and, as far as
 they fit one task together, computed by one Spark job (`kernel.run_epochs`);
-each is then staged, prepared and committed on its own, in order.
+each is then staged, prepared and committed on its own, in order, while the
+next job computes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ default local[*]; its start-up is reported apart, as is the first, cold, run).
 
 Reported per run: the kernel's time (`run_epoch`/`run_epochs`: reading the chunks on the executors,
 windows, state, dead letters, back to Arrow), the whole `process` (plus staging, manifests,
-commits), events/s, and peak RSS of this process and of its Spark JVM and Python workers
+commits; since the next Spark job computes while the previous job's epochs are committed, the
+jobs' time includes sharing the cores with those commits, and `process` minus it is what is left
+unoverlapped), events/s, and peak RSS of this process and of its Spark JVM and Python workers
 (psutil over the process tree, sampled every 100 ms). The floor: DuckDB computing the
 same windows over the same chunks (read from the same S3 server via pyarrow), in one
 batch with no epochs, state, lateness or de-duplication. `--profile` adds where the

@@ -25,13 +25,15 @@ session-scoped SQL options.
 Other knobs (all optional): WIRE_SPARK_DRIVER_MEMORY (default 2g),
 WIRE_SPARK_EXECUTOR_MEMORY (cluster executors; Spark's default 1g),
 WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
-WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill; default <tmp>/wire-spark),
+WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill, and the JVM's java.io.tmpdir in a directory of
+the process's own, removed at its exit; default <tmp>/wire-spark),
 WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting: spark-defaults.conf under
 SPARK_CONF_DIR, as for every Spark application.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -207,7 +209,27 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     mem = _env("WIRE_SPARK_EXECUTOR_MEMORY")
     if mem:
         b = b.config("spark.executor.memory", mem)
-    return b.getOrCreate()
+    # The JVM's temporary files go to a directory of this process's own, removed at its exit: a classic
+    # session ended by stop() leaves its artifacts-<uuid> directory in java.io.tmpdir behind (PySpark 4.3;
+    # one per Spark SS run of the benchmarks), and the JVM extracts native libraries there. Given
+    # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
+    # -Djava.io.tmpdir of the user's own still wins.
+    saved = os.environ.get("SPARK_SUBMIT_OPTS")
+    os.environ["SPARK_SUBMIT_OPTS"] = f'{saved or ""} -Djava.io.tmpdir="{_jvm_tmpdir(tmp)}"'.lstrip()
+    try:
+        return b.getOrCreate()
+    finally:
+        if saved is None:
+            os.environ.pop("SPARK_SUBMIT_OPTS", None)
+        else:
+            os.environ["SPARK_SUBMIT_OPTS"] = saved
+
+
+def _jvm_tmpdir(root: str) -> str:
+    """A new directory under `root` for the JVM this process launches, removed when the interpreter exits."""
+    path = tempfile.mkdtemp(prefix=f"jvm-{os.getpid()}-", dir=root)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 _PRELOAD: threading.Thread | None = None

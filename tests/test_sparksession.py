@@ -1,0 +1,37 @@
+"""A classic (local) session's JVM keeps its temporary files in a directory of its process, gone at exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_CHILD = r"""
+import json, os
+from wire_dagster.sparksession import get_spark
+s = get_spark(master="local[1]")
+assert s.range(3).count() == 3
+tmp = s.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir")
+files = sorted(os.listdir(tmp))
+s.stop()  # as the benchmarks' Spark SS runs end: PySpark 4.3 leaves the artifacts directory behind then
+print(json.dumps({"tmp": tmp, "files": files, "opts": os.environ.get("SPARK_SUBMIT_OPTS")}))
+"""
+
+
+def test_a_local_sessions_jvm_temporary_files_are_removed_when_its_process_exits(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_SUBMIT_OPTS", "WIRE_SPARK_REMOTE", "SPARK_REMOTE")}
+    env["WIRE_SPARK_LOCAL_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    tmp = Path(seen["tmp"])
+    assert tmp.parent == tmp_path and tmp.name.startswith("jvm-"), seen
+    # What Spark left there while the session ran (its artifacts directory among them) was in that directory...
+    assert any(name.startswith("artifacts-") for name in seen["files"]), seen
+    # ...the option was set only for the JVM's launch...
+    assert seen["opts"] is None
+    # ...and the directory went with the process.
+    assert not tmp.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []

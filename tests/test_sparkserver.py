@@ -141,6 +141,8 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         # A client in another process runs a query; its Python workers are this project's interpreter.
         got = json.loads(python(QUERY.replace("sys.argv[1]", repr(url)), env))
         assert got == {"sum": 45, "exe": [sys.executable], "tz": "UTC"}, got
+        # The JVM's temporary files (Spark's artifacts directory among them) stay in the server's directory.
+        assert any(p.name.startswith("artifacts-") for p in server.tmp_dir.iterdir()), list(server.tmp_dir.iterdir())
 
         # A second start reuses the running server (same JVM), whatever it is asked for.
         t0 = time.monotonic()

@@ -10,6 +10,7 @@ group of its own with its Python workers. Layout of a server directory (`<WIRE_H
     <dir>/port        the port last used (reused while free, so the URL stays stable)
     <dir>/spark.log   the server's output (rotated at 20 MB on start)
     <dir>/local/      spark.local.dir (shuffle and spill files)
+    <dir>/tmp/        the JVM's java.io.tmpdir (Spark's artifacts, native libraries); emptied at start
 
 Guarantees: the gRPC endpoint is bound to 127.0.0.1 (and so are the driver and its UI, when
 one is enabled, for local and loopback masters); a running server is reused, never started
@@ -103,6 +104,7 @@ class EmbeddedSpark(GroupOwner):
         self.port_file = self.dir / "port"
         self.log_file = self.dir / "spark.log"
         self.local_dir = self.dir / "local"
+        self.tmp_dir = self.dir / "tmp"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_from = 0  # where the log of the server this object launched begins
 
@@ -261,7 +263,7 @@ class EmbeddedSpark(GroupOwner):
         raise SparkServerError(f"embedded Spark server: no free port on {HOST}")
 
     def _command(self, master: str, memory: str, port: int, conf: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        from .sparksession import _env, driver_host
+        from .sparksession import _env, driver_host, with_java_tmpdir
 
         home = spark_home()
         python = sys.executable
@@ -287,6 +289,7 @@ class EmbeddedSpark(GroupOwner):
             settings["spark.executor.memory"] = _check_memory(executor_memory, "WIRE_SPARK_EXECUTOR_MEMORY")
         env = _clean_env()
         env.update(SPARK_HOME=str(home), PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, SPARK_CONNECT_MODE="0")
+        env["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(env.get("SPARK_SUBMIT_OPTS"), self.tmp_dir)
         host = driver_host(master)
         if host:
             settings["spark.driver.host"] = host
@@ -306,8 +309,9 @@ class EmbeddedSpark(GroupOwner):
     def _launch(self, master: str, memory: str, port: int, conf: dict[str, str]) -> dict:
         """Start the JVM (spark-submit execs it: the pid is the JVM) in a new session; write the pid file."""
         cmd, env = self._command(master, memory, port, conf)
-        shutil.rmtree(self.local_dir, ignore_errors=True)  # no server runs: what is left here is a killed one's
-        self.local_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.local_dir, self.tmp_dir):
+            shutil.rmtree(d, ignore_errors=True)  # no server runs: what is left here is a killed one's
+            d.mkdir(parents=True, exist_ok=True)
         if self.log_file.exists() and self.log_file.stat().st_size > _LOG_ROTATE_BYTES:
             self.log_file.replace(self.log_file.with_suffix(".log.1"))
         with open(self.log_file, "ab") as log:

@@ -215,7 +215,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
     # -Djava.io.tmpdir of the user's own still wins.
     saved = os.environ.get("SPARK_SUBMIT_OPTS")
-    os.environ["SPARK_SUBMIT_OPTS"] = f'{saved or ""} -Djava.io.tmpdir="{_jvm_tmpdir(tmp)}"'.lstrip()
+    os.environ["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(saved, _jvm_tmpdir(tmp))
     try:
         return b.getOrCreate()
     finally:
@@ -223,6 +223,12 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
             os.environ.pop("SPARK_SUBMIT_OPTS", None)
         else:
             os.environ["SPARK_SUBMIT_OPTS"] = saved
+
+
+def with_java_tmpdir(submit_opts: str | None, path: str | os.PathLike) -> str:
+    """SPARK_SUBMIT_OPTS that also set the JVM's java.io.tmpdir to `path` (the launcher parses the
+    quotes; it puts these options before any spark.driver.*JavaOptions, which still win)."""
+    return f'{submit_opts or ""} -Djava.io.tmpdir="{path}"'.lstrip()
 
 
 def _jvm_tmpdir(root: str) -> str:

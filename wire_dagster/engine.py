@@ -28,7 +28,7 @@ from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
 from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
 from .objectstore import ObjectStore
-from .sparksession import single_task_rows
+from .sparksession import single_task_rows, started_session
 from .spec import Pipeline
 from .streams import ChunkMeta, duckdb_connection, read_stream, views_from
 from .timeutil import NEG_INF, iso, now_ms
@@ -143,6 +143,8 @@ def process(
     # one job runs at a time, and the epochs commit in order, each with the manifest it has alone.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-next-job") as ahead:
         batch = _plan_job(store, spec, _from_manifest(prev), _Carry.of(prev).rows, now, max_epochs, progress)
+        if batch:  # the session is created here, in the caller's thread (see `started_session`)
+            spark = started_session(spark)
         pending = ahead.submit(_compute, store, spec, spark, _Carry.of(prev), batch) if batch else None
         while pending is not None:
             results = pending.result()
@@ -343,11 +345,8 @@ def epochs_per_job() -> int:
 
 def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned]) -> list[EpochResult]:
     """The Spark job of planned epochs, from `carry` (read by the executors): one task for all of
-    them when they fit one worker (`_plan_job` made sure), else the key-bucket plan of the one epoch."""
-    if spark is None:
-        from .sparksession import get_spark
-
-        spark = get_spark()
+    them when they fit one worker (`_plan_job` made sure), else the key-bucket plan of the one epoch.
+    `spark` is a started session (`process` starts it in its own thread)."""
     state = {w.name: _stored(store, carry.state.get(w.name)) for w in spec.windows}
     ids = _stored(store, carry.ids)
     events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]

@@ -299,7 +299,24 @@ class LazySession:
     def started(self) -> bool:
         return self._session is not None
 
-    def __getattr__(self, name: str):
+    def get(self):
+        """The session, started now if it was not."""
         if self._session is None:
             self._session = self._factory()
-        return getattr(self._session, name)
+        return self._session
+
+    def __getattr__(self, name: str):
+        return getattr(self.get(), name)
+
+
+def started_session(spark):
+    """`spark` started in the calling thread: None → `get_spark()`, a LazySession → its session.
+
+    Call it where the session may be created, not on a helper thread: PySpark launches a local
+    session's JVM with a `preexec_fn` (Python run in the forked child), and forked from the job
+    thread of an in-process Dagster run (`wire demo`) that child died of SIGSEGV before exec."""
+    if spark is None:
+        return get_spark()
+    if isinstance(spark, LazySession):
+        return spark.get()
+    return spark

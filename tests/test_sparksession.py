@@ -1,4 +1,5 @@
-"""A classic (local) session's JVM keeps its temporary files in a directory of its process, gone at exit."""
+"""A classic (local) session's JVM keeps its temporary files in a directory of its process, gone at exit
+(or, if the process was killed, when the next local session starts)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,15 @@ print(json.dumps({"tmp": tmp, "files": files, "opts": os.environ.get("SPARK_SUBM
 """
 
 
-def test_a_local_sessions_jvm_temporary_files_are_removed_when_its_process_exits(tmp_path: Path) -> None:
+def test_a_local_sessions_jvm_temporary_files_go_at_its_exit_or_at_the_next_sessions_start(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_SUBMIT_OPTS", "WIRE_SPARK_REMOTE", "SPARK_REMOTE")}
     env["WIRE_SPARK_LOCAL_DIR"] = str(tmp_path)
+    # What a killed process left (its pid is gone) is removed; a live process's directory is not.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / f"jvm-{gone.pid}-killed" / "artifacts-x").mkdir(parents=True)
+    live = tmp_path / f"jvm-{os.getpid()}-running"
+    live.mkdir()
     done = subprocess.run([sys.executable, "-c", _CHILD], check=False, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -34,4 +41,4 @@ def test_a_local_sessions_jvm_temporary_files_are_removed_when_its_process_exits
     assert seen["opts"] is None
     # ...and the directory went with the process.
     assert not tmp.exists()
-    assert [p.name for p in tmp_path.iterdir()] == []
+    assert [p.name for p in tmp_path.iterdir()] == [live.name]

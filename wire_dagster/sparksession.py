@@ -26,7 +26,7 @@ Other knobs (all optional): WIRE_SPARK_DRIVER_MEMORY (default 2g),
 WIRE_SPARK_EXECUTOR_MEMORY (cluster executors; Spark's default 1g),
 WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
 WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill, and the JVM's java.io.tmpdir in a directory of
-the process's own, removed at its exit; default <tmp>/wire-spark),
+the process's own, removed at its exit or, after a kill, by the next local session; default <tmp>/wire-spark),
 WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting: spark-defaults.conf under
 SPARK_CONF_DIR, as for every Spark application.
 """
@@ -40,6 +40,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from pathlib import Path
 from urllib.parse import urlsplit
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
@@ -232,7 +233,14 @@ def with_java_tmpdir(submit_opts: str | None, path: str | os.PathLike) -> str:
 
 
 def _jvm_tmpdir(root: str) -> str:
-    """A new directory under `root` for the JVM this process launches, removed when the interpreter exits."""
+    """A new directory under `root` for the JVM this process launches, removed when the interpreter
+    exits; those of processes that are gone (killed before their exit handlers ran) are removed first."""
+    from .procgroup import pid_alive
+
+    for old in Path(root).glob("jvm-*-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
     path = tempfile.mkdtemp(prefix=f"jvm-{os.getpid()}-", dir=root)
     atexit.register(shutil.rmtree, path, True)
     return path

@@ -15,6 +15,7 @@ from wire_dagster.sparksession import get_spark
 s = get_spark(master="local[1]")
 assert s.range(3).count() == 3
 tmp = s.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir")
+assert s.conf.get("spark.local.dir") == tmp, (s.conf.get("spark.local.dir"), tmp)
 files = sorted(os.listdir(tmp))
 s.stop()  # as the benchmarks' Spark SS runs end: PySpark 4.3 leaves the artifacts directory behind then
 print(json.dumps({"tmp": tmp, "files": files, "opts": os.environ.get("SPARK_SUBMIT_OPTS")}))
@@ -35,8 +36,10 @@ def test_a_local_sessions_jvm_temporary_files_go_at_its_exit_or_at_the_next_sess
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     tmp = Path(seen["tmp"])
     assert tmp.parent == tmp_path and tmp.name.startswith("jvm-"), seen
-    # What Spark left there while the session ran (its artifacts directory among them) was in that directory...
-    assert any(name.startswith("artifacts-") for name in seen["files"]), seen
+    # What Spark left there while the session ran (its artifacts, block manager and spill directories
+    # among them) was in that directory...
+    for kind in ("artifacts-", "blockmgr-", "spark-"):
+        assert any(name.startswith(kind) for name in seen["files"]), (kind, seen)
     # ...the option was set only for the JVM's launch...
     assert seen["opts"] is None
     # ...and the directory went with the process.

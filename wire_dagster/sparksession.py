@@ -25,8 +25,9 @@ session-scoped SQL options.
 Other knobs (all optional): WIRE_SPARK_DRIVER_MEMORY (default 2g),
 WIRE_SPARK_EXECUTOR_MEMORY (cluster executors; Spark's default 1g),
 WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
-WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (spill, and the JVM's java.io.tmpdir in a directory of
-the process's own, removed at its exit or, after a kill, by the next local session; default <tmp>/wire-spark),
+WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (where a local session's spill files and JVM temporary files
+go, in a directory of the process's own removed at its exit or, after a kill, by the next local session;
+default <tmp>/wire-spark),
 WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting: spark-defaults.conf under
 SPARK_CONF_DIR, as for every Spark application.
 """
@@ -184,6 +185,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     n = cores or _local_cores(master) or os.cpu_count() or 2
     tmp = _env("WIRE_SPARK_LOCAL_DIR") or os.path.join(tempfile.gettempdir(), "wire-spark")
     os.makedirs(tmp, exist_ok=True)
+    own = _jvm_tmpdir(tmp)  # the driver's spill files and the JVM's temporary files, this process's only
     parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS") or str(max(2, n))
     b = (
         SparkSession.builder.master(master)
@@ -194,7 +196,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.adaptive.enabled", "true")
-        .config("spark.local.dir", tmp)
+        .config("spark.local.dir", own)
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
@@ -210,13 +212,14 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     mem = _env("WIRE_SPARK_EXECUTOR_MEMORY")
     if mem:
         b = b.config("spark.executor.memory", mem)
-    # The JVM's temporary files go to a directory of this process's own, removed at its exit: a classic
+    # The JVM's temporary files go to that directory too, removed at this process's exit: a classic
     # session ended by stop() leaves its artifacts-<uuid> directory in java.io.tmpdir behind (PySpark 4.3;
-    # one per Spark SS run of the benchmarks), and the JVM extracts native libraries there. Given
+    # one per Spark SS run of the benchmarks), the JVM extracts native libraries there, and a `wire tick`
+    # left its spark-* and blockmgr-* directories in a shared spark.local.dir every time. Given
     # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
     # -Djava.io.tmpdir of the user's own still wins.
     saved = os.environ.get("SPARK_SUBMIT_OPTS")
-    os.environ["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(saved, _jvm_tmpdir(tmp))
+    os.environ["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(saved, own)
     try:
         return b.getOrCreate()
     finally:

@@ -402,13 +402,14 @@ class Checkpoints:
             fault("during-publish")
             if ref.md5 is not None:
                 # Copied inside the store, if the staged file still has the MD5 it was staged with.
-                if not self.store.copy(ref.key, pkey, if_match=ref.md5):
-                    raise CorruptManifest(f"staged file {ref.key} no longer matches its committed checksum")
-                return pkey
-            data = self.store.get(ref.key)
-            if sha256(data) != ref.sha256:
+                intact = self.store.copy(ref.key, pkey, if_match=ref.md5)
+            else:
+                data = self.store.get(ref.key)
+                intact = sha256(data) == ref.sha256
+                if intact:
+                    self.store.put(pkey, data)
+            if not intact:
                 raise CorruptManifest(f"staged file {ref.key} no longer matches its committed checksum")
-            self.store.put(pkey, data)
             return pkey
 
         # Partitions side by side: each is a round trip or two to the store (a backlog's run
@@ -447,7 +448,8 @@ class Checkpoints:
         of committed runs that no kept manifest names; staging of runs that never
         committed once older than `grace_s` (younger ones may still be preparing).
         """
-        committed = self.committed()
+        listing = self._listing()  # one LIST for what is committed and what goes
+        committed = sorted(n for n, names in listing.items() if "_COMMITTED" in names)
         kept = committed[-keep:] if keep > 0 else committed
         manifests = [self.load(n) for n in kept]
         referenced = {f.key for m in manifests for f in m.files()}
@@ -455,7 +457,6 @@ class Checkpoints:
         doomed = [n for n in committed if kept and n < kept[0]]
         if doomed:
             self._compact(doomed[-1])  # before any marker goes: backfills still replay these epochs
-        listing = self._listing()
         gone = [n for n in sorted(listing) if kept and (n < kept[0] or (n < kept[-1] and n not in committed))]
         keys = [self.epoch_prefix(n) + name for n in gone for name in sorted(listing[n])]
         # The markers go first: a crash half-way leaves uncommitted epochs (collected next time),

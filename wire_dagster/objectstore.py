@@ -343,12 +343,13 @@ class ObjectStore:
 
         return self._read("get", key, go)
 
-    def _read(self, op: str, key: str, fn: Callable[[], bytes]) -> bytes:
+    def _read(self, op: str, key: str, fn: Callable[[], T], missing: str | None = None) -> T:
+        """`fn` through `_call`; a 404 (not of the bucket) is ObjectNotFound(`missing`, default `key`)."""
         try:
             return self._call(op, key, fn)
         except bexc.ClientError as exc:
             if _status(exc) == 404 and _code(exc) != "NoSuchBucket":
-                raise ObjectNotFound(key) from None
+                raise ObjectNotFound(missing or key) from None
             raise self._fail(op, key, exc) from exc
         except bexc.BotoCoreError as exc:
             raise self._fail(op, key, exc) from exc
@@ -440,14 +441,7 @@ class ObjectStore:
                 raise
             return True
 
-        try:
-            return self._call("copy", dst, go)
-        except bexc.ClientError as exc:
-            if _status(exc) == 404 and _code(exc) != "NoSuchBucket":
-                raise ObjectNotFound(src) from None
-            raise self._fail("copy", dst, exc) from exc
-        except bexc.BotoCoreError as exc:
-            raise self._fail("copy", dst, exc) from exc
+        return self._read("copy", dst, go, missing=src)
 
     def create_if_absent(self, key: str, data: bytes) -> None:
         """Create `key` only if no object exists there (If-None-Match: *): exactly one concurrent creator wins.

@@ -386,7 +386,7 @@ def hand_epoch(
 ) -> Manifest:
     """Stage `parts` (tumble partition start -> rows) and a state file, prepare epoch `epoch`
     (outputs of `carry` kept, as the engine does) and, unless `commit=False`, commit it."""
-    from wire_dagster.checkpoint import parquet_bytes
+    from wire_dagster.parquetio import parquet_bytes
 
     outputs = {w: dict(p) for w, p in (carry.outputs.items() if carry else [])}
     tumble = outputs.setdefault("tumble", {})

@@ -20,6 +20,7 @@ from kernel_harness import (
 )
 
 from wire_dagster import engine, kernel, streams
+from wire_dagster.parquetio import parquet_bytes
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF, NEG_INF
 
@@ -57,10 +58,10 @@ def test_decimal_sums_are_exact_and_runs_are_byte_identical(spark):
     assert se == {(1, 6): 0.4, (12, 16): 4e-9}
     assert results[0].duplicate == 1
     for name in ("tum", "se"):
-        assert kernel.table_bytes(results[0].windows[name].outputs) == kernel.table_bytes(results[1].windows[name].outputs)
-        assert kernel.table_bytes(results[0].windows[name].state) == kernel.table_bytes(results[1].windows[name].state)
-    assert kernel.table_bytes(results[0].dead_letters) == kernel.table_bytes(results[1].dead_letters)
-    assert kernel.table_bytes(results[0].ids) == kernel.table_bytes(results[1].ids)
+        assert parquet_bytes(results[0].windows[name].outputs) == parquet_bytes(results[1].windows[name].outputs)
+        assert parquet_bytes(results[0].windows[name].state) == parquet_bytes(results[1].windows[name].state)
+    assert parquet_bytes(results[0].dead_letters) == parquet_bytes(results[1].dead_letters)
+    assert parquet_bytes(results[0].ids) == parquet_bytes(results[1].ids)
     assert not check_balance(spec, results[0])
 
 

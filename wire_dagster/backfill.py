@@ -19,13 +19,13 @@ from .checkpoint import (
     Manifest,
     Step,
     new_run_id,
-    parquet_bytes,
     sha256,
 )
 from .engine import apply_changes, one_task, partition_starts
 from .errors import CommitConflict, ObjectNotFound, WireInputError
 from .kernel import epoch_chunks, run_epoch
 from .objectstore import ObjectStore
+from .parquetio import parquet_bytes
 from .spec import Pipeline
 from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms

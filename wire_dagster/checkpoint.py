@@ -19,15 +19,12 @@ persist sink), never the other way round.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import (
@@ -143,12 +140,6 @@ class Marker:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
 
 
 @dataclass(frozen=True)

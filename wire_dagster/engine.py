@@ -23,11 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id, parquet_bytes
+from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
 from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
 from .objectstore import ObjectStore
+from .parquetio import parquet_bytes
 from .sparksession import single_task_rows, started_session
 from .spec import Pipeline
 from .streams import ChunkMeta, duckdb_connection, read_stream, views_from
@@ -214,7 +215,7 @@ def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> 
         for name, ref in zip(res.windows, pool.map(stage_state, list(res.windows))):
             st_refs[name] = ref
             fault("during-state-snapshot")
-    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids), res.ids.num_rows, epoch) if res.ids is not None else None
+    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids, distinct=("id",)), res.ids.num_rows, epoch) if res.ids is not None else None
     return _Carry(st_refs, ids_ref)
 
 

@@ -27,7 +27,6 @@ input — come back to the driver, as Arrow tables, which stages them.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -438,9 +437,3 @@ def _out_schema(spark, w: WindowSpec) -> pa.Schema:
     return _ddl_to_arrow(spark, output_ddl(w)).append(pa.field("retract", pa.bool_()))
 
 
-def table_bytes(t: pa.Table) -> bytes:
-    import pyarrow.parquet as pq
-
-    buf = io.BytesIO()
-    pq.write_table(t, buf, compression="zstd")
-    return buf.getvalue()

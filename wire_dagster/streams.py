@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from .errors import ObjectExists, ObjectNotFound, WireInputError
 from .objectstore import ObjectStore
+from .parquetio import parquet_bytes
 from .spec import Pipeline, check_name, field_column
 from .timeutil import now_ms
 
@@ -496,9 +497,7 @@ def open_input(path: Path) -> InputFile:
 
 
 def _write_parquet(store: ObjectStore, key: str, table: pa.Table) -> int:
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    data = buf.getvalue()
+    data = parquet_bytes(table, distinct=(ID,))
     store.put(key, data)
     return len(data)
 

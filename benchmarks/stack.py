@@ -5,7 +5,7 @@
                      the same WIRE_HOME, own process group; runs attach to it through WIRE_SPARK_REMOTE
                      instead of booting a JVM
     dagster dev      webserver + daemon + code server, own process group, a temporary DAGSTER_HOME
-                     whose dagster.yaml is the project's (wire_dagster.devstack.INSTANCE_YAML) plus
+                     whose dagster.yaml is the project's (wire_dagster.devstack.instance_yaml) plus
                      the overrides a benchmark asks for, and a temporary WIRE_PIPELINES directory
                      holding the benchmark's one pipeline
 
@@ -64,11 +64,11 @@ def partition_key(p_ms: int) -> str:
     return datetime.fromtimestamp(p_ms / 1000, tz=UTC).strftime(PARTITION_FMT)
 
 
-def instance_config(overrides: dict | None = None) -> dict:
-    """The project's Dagster instance config (what `wire dev` writes), with `overrides` merged in (dicts recursively)."""
-    from wire_dagster.devstack import INSTANCE_YAML
+def instance_config(home: Path, overrides: dict | None = None) -> dict:
+    """The project's Dagster instance config for `home` (what `wire dev` writes), with `overrides` merged in (dicts recursively)."""
+    from wire_dagster.devstack import instance_yaml
 
-    cfg = yaml.safe_load(INSTANCE_YAML)
+    cfg = yaml.safe_load(instance_yaml(home))
 
     def merge(a: dict, b: dict) -> dict:
         for k, v in b.items():
@@ -122,7 +122,7 @@ class BenchStack:
 
             self.home = self.tmp / "dagster-home"
             self.home.mkdir(parents=True, exist_ok=True)
-            self.instance = instance_config(self.instance_overrides)
+            self.instance = instance_config(self.home, self.instance_overrides)
             (self.home / "dagster.yaml").write_text(yaml.safe_dump(self.instance, sort_keys=False))
 
             from wire_dagster.sparkserver import EmbeddedSpark

@@ -686,16 +686,16 @@ def test_workspace_yaml_passes_dagsters_workspace_schema():
 
 
 def test_local_instance_yaml_monitors_and_retries_dead_runs(tmp_path):
-    """The instance `wire dev`, `wire tick` and the tests create (devstack.INSTANCE_YAML) passes
+    """The instance `wire dev`, `wire tick` and the tests create (devstack.instance_yaml) passes
     Dagster's schema and frees the pool slot of a run whose worker died, then retries it:
     without both, a kill -9 leaves the pipeline's only slot claimed forever."""
     pytest.importorskip("dagster")
     from dagster import DagsterInstance
     from dagster._core.instance.config import dagster_instance_config
 
-    from wire_dagster.devstack import INSTANCE_YAML
+    from wire_dagster.devstack import instance_yaml
 
-    (tmp_path / "dagster.yaml").write_text(INSTANCE_YAML)
+    (tmp_path / "dagster.yaml").write_text(instance_yaml(tmp_path))
     config, custom_class = dagster_instance_config(str(tmp_path))
     assert custom_class is None
     mon, retries = config["run_monitoring"], config["run_retries"]

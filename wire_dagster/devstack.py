@@ -9,6 +9,7 @@ process group, never by name.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -56,13 +57,31 @@ telemetry:
 """
 
 
+# Dagster's SQLite event log with each database's connection kept open (resources/instance.py):
+# about 1.8 instead of 6 ms per event, and a range run logs two per partition and asset. Same files
+# and schema as Dagster's default, in the same place (given absolutely: a storage class of the
+# instance config is not told the instance's directory).
+EVENT_LOG_YAML = """\
+event_log_storage:
+  module: resources.instance
+  class: WireSqliteEventLogStorage
+  config:
+    base_dir: {base_dir}
+"""
+
+
+def instance_yaml(home: Path) -> str:
+    """The dagster.yaml of a project-local instance in directory `home`."""
+    return INSTANCE_YAML + EVENT_LOG_YAML.format(base_dir=json.dumps(str(Path(home).resolve() / "history" / "runs")))
+
+
 def ensure_dagster_home(path: Path | None = None) -> Path:
     """DAGSTER_HOME (or `path`, else `<WIRE_HOME>/dagster`), created with Wire's instance config."""
     d = Path(path or os.environ.get("DAGSTER_HOME") or default_home() / "dagster").resolve()
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "dagster.yaml"
     if not cfg.exists():
-        cfg.write_text(INSTANCE_YAML)
+        cfg.write_text(instance_yaml(d))
     os.environ["DAGSTER_HOME"] = str(d)
     return d
 

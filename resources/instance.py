@@ -1,0 +1,98 @@
+"""The event log of Wire's project-local Dagster instance: Dagster's SQLite event log, with each
+database's connection kept open.
+
+Dagster's `SqliteEventLogStorage` creates a SQLAlchemy engine and opens (and closes) a SQLite
+connection for every statement: a materialization is two of each (the run's database and the
+index), and each close checkpoints the WAL. SQLAlchemy compiles the statements afresh for every
+new engine too (its compiled cache lives on the engine). A run over a range of partitions logs
+one "planned" event and one materialization per partition and asset: a 10 M-event backlog of
+334 one-minute partitions is ~1,400 events, 6 ms each on the 2-core VM (sqlalchemy/sqlalchemy#7490
+describes the NullPool cost).
+
+`WireSqliteEventLogStorage` is the same storage (same files under `$DAGSTER_HOME/history/runs`,
+same schema, readable by a plain Dagster instance) with one engine per database, each keeping
+its one connection open (StaticPool). Dagster's per-storage lock already serialises every use of
+a connection within the process, so one connection per database is enough; other processes
+(daemon, webserver, runs) open their own, and SQLite's WAL mode and busy timeout arbitrate
+between them as before. Run databases are kept for the `RUN_SHARDS` most recently used runs,
+the index database always. About 1.8 instead of 6 ms per event (planned or materialization).
+
+`wire_dagster.devstack` writes it into the dagster.yaml of the project-local DAGSTER_HOME; the
+docker/ stack uses PostgreSQL instead.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from dagster._core.storage.event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME
+from dagster._core.storage.sql import create_engine
+from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
+from dagster._serdes import ConfigurableClassData
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+
+class WireSqliteEventLogStorage(SqliteEventLogStorage):
+    """Dagster's SQLite event log with one open connection per database (see the module docstring).
+
+    Configuration: `base_dir`, as Dagster's (`wire_dagster.devstack` gives `$DAGSTER_HOME/history/runs`,
+    where Dagster's default puts it)."""
+
+    RUN_SHARDS = 8  # run databases kept open, most recently used; the index database always
+
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        super().__init__(base_dir, inst_data=inst_data)
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]) -> WireSqliteEventLogStorage:  # type: ignore[override]
+        return cls(inst_data=inst_data, **config_value)
+
+    @contextmanager
+    def _connect(self, shard: str) -> Iterator[Connection]:
+        with self._db_lock:  # as Dagster's: one user of this storage's connections at a time
+            engine = self._engine(shard)
+            if shard not in self._initialized_dbs:
+                self._initdb(engine)
+                self._initialized_dbs.add(shard)
+            with engine.connect() as conn, conn.begin():
+                yield conn
+
+    def _engine(self, shard: str) -> Engine:
+        """The shard's engine (under the lock), created on first use; the least recently used run
+        database beyond RUN_SHARDS is closed."""
+        engine = self._engines.pop(shard, None)
+        if engine is None:
+            engine = create_engine(
+                self.conn_string_for_shard(shard),
+                poolclass=StaticPool,
+                connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
+            )
+        self._engines[shard] = engine
+        runs = [k for k in self._engines if k != INDEX_SHARD_NAME]
+        for old in runs[: max(0, len(runs) - self.RUN_SHARDS)]:
+            self._engines.pop(old).dispose()
+        return engine
+
+    def open_shards(self) -> list[str]:
+        """The databases whose connection is open, least recently used first."""
+        with self._db_lock:
+            return list(self._engines)
+
+    def _close_all(self) -> None:
+        with self._db_lock:
+            while self._engines:
+                self._engines.popitem(last=False)[1].dispose()
+
+    def wipe(self) -> None:
+        self._close_all()  # the run databases' files are deleted
+        super().wipe()
+
+    def dispose(self) -> None:
+        self._close_all()
+        super().dispose()

@@ -1,0 +1,197 @@
+"""The project-local Dagster instance's event log (resources/instance.py): Dagster's SQLite event
+log with each database's connection kept open. It must be Dagster's storage in every other way:
+the same files (a plain Dagster instance reads them, and the other way round), events from other
+processes and threads all stored and seen, a bounded number of open run databases."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, StepMaterializationData
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster._core.storage.event_log import SqliteEventLogStorage
+
+from resources.instance import WireSqliteEventLogStorage
+from wire_dagster.devstack import instance_yaml
+
+ASSET = dg.AssetKey(["t", "windows"])
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    h = tmp_path / "dagster home"  # a space: the yaml quotes the path
+    h.mkdir()
+    (h / "dagster.yaml").write_text(instance_yaml(h))
+    return h
+
+
+def _instance(home: Path) -> dg.DagsterInstance:
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def _new_run(inst: dg.DagsterInstance) -> str:
+    return inst.run_storage.add_run(DagsterRun(job_name="j", run_id=str(uuid.uuid4()))).run_id
+
+
+def _materialize(inst: dg.DagsterInstance, run_id: str, partition: str) -> None:
+    inst.report_dagster_event(
+        DagsterEvent(
+            event_type_value="ASSET_MATERIALIZATION",
+            job_name="j",
+            step_key="s",
+            event_specific_data=StepMaterializationData(dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"p": partition})),
+        ),
+        run_id,
+    )
+
+
+def _plan(inst: dg.DagsterInstance, run_id: str, partition: str) -> None:
+    inst.report_dagster_event(
+        DagsterEvent.build_asset_materialization_planned_event("j", "s", AssetMaterializationPlannedData(ASSET, partition=partition)),
+        run_id,
+    )
+
+
+def _materialized(inst: dg.DagsterInstance) -> set[str]:
+    return set(inst.get_materialized_partitions(ASSET))
+
+
+def test_the_project_instance_uses_it_where_dagster_keeps_its_event_log(home):
+    inst = _instance(home)
+    try:
+        st = inst.event_log_storage
+        assert isinstance(st, WireSqliteEventLogStorage)
+        assert Path(st._base_dir) == home / "history" / "runs"  # Dagster's default place
+        run_id = _new_run(inst)
+        _materialize(inst, run_id, "p0")
+        assert (home / "history" / "runs" / f"{run_id}.db").exists()
+        assert (home / "history" / "runs" / "index.db").exists()
+    finally:
+        inst.dispose()
+
+
+def test_a_plain_dagster_instance_reads_what_it_wrote_and_the_other_way_round(home):
+    inst = _instance(home)
+    try:
+        a = _new_run(inst)
+        for p in ("p0", "p1"):
+            _plan(inst, a, p)
+            _materialize(inst, a, p)
+    finally:
+        inst.dispose()
+    (home / "dagster.yaml").write_text("")  # Dagster's defaults: its own SQLite event log, same directory
+    plain = _instance(home)
+    try:
+        assert type(plain.event_log_storage) is SqliteEventLogStorage
+        assert _materialized(plain) == {"p0", "p1"}
+        assert len(plain.get_records_for_run(a).records) == 4
+        b = _new_run(plain)
+        _materialize(plain, b, "p2")
+    finally:
+        plain.dispose()
+    (home / "dagster.yaml").write_text(instance_yaml(home))
+    inst = _instance(home)
+    try:
+        assert _materialized(inst) == {"p0", "p1", "p2"}
+        assert [r.event_log_entry.dagster_event.event_type_value for r in inst.get_records_for_run(b).records] == ["ASSET_MATERIALIZATION"]
+    finally:
+        inst.dispose()
+
+
+def test_events_other_processes_write_meanwhile_are_stored_and_seen(home):
+    inst = _instance(home)
+    try:
+        mine = _new_run(inst)
+        _materialize(inst, mine, "mine-0")  # this process's connections are now open
+        child = textwrap.dedent(f"""
+            import sys, uuid
+            sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parent.parent)]!r}
+            from test_instance_storage import _instance, _materialize, _new_run
+            from pathlib import Path
+            inst = _instance(Path(sys.argv[1]))
+            run_id = _new_run(inst)
+            for i in range(40):
+                _materialize(inst, run_id, f"{{sys.argv[2]}}-{{i}}")
+            inst.dispose()
+        """)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+        procs = [subprocess.Popen([sys.executable, "-c", child, str(home), name], env=env) for name in ("a", "b")]
+        for i in range(1, 40):  # written while the two children write theirs
+            _materialize(inst, mine, f"mine-{i}")
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+        expected = {f"{n}-{i}" for n in ("a", "b", "mine") for i in range(40)}
+        assert _materialized(inst) == expected
+        fresh = _instance(home)
+        try:
+            assert _materialized(fresh) == expected
+        finally:
+            fresh.dispose()
+    finally:
+        inst.dispose()
+
+
+def test_threads_of_one_process_share_the_connections(home):
+    inst = _instance(home)
+    try:
+        runs = [_new_run(inst) for _ in range(4)]
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                for i in range(30):
+                    _plan(inst, runs[k], f"{k}-{i}")
+                    _materialize(inst, runs[k], f"{k}-{i}")
+            except BaseException as e:  # noqa: BLE001 - re-raised by the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors
+        assert _materialized(inst) == {f"{k}-{i}" for k in range(4) for i in range(30)}
+        assert all(len(inst.get_records_for_run(r).records) == 60 for r in runs)
+    finally:
+        inst.dispose()
+
+
+def test_open_run_databases_are_bounded_and_a_closed_one_reopens(home):
+    inst = _instance(home)
+    st = inst.event_log_storage
+    try:
+        runs = [_new_run(inst) for _ in range(st.RUN_SHARDS + 4)]
+        for i, r in enumerate(runs):
+            _materialize(inst, r, f"p{i}")
+        open_ = st.open_shards()
+        assert "index" in open_
+        assert [s for s in open_ if s != "index"] == runs[-st.RUN_SHARDS:]  # the most recently used
+        assert len(inst.get_records_for_run(runs[0]).records) == 1  # closed, reopened on use
+        _materialize(inst, runs[0], "again")
+        assert len(inst.get_records_for_run(runs[0]).records) == 2
+        assert runs[1] not in st.open_shards()
+    finally:
+        inst.dispose()
+    assert st.open_shards() == []
+
+
+def test_wipe_closes_and_deletes_the_run_databases(home):
+    inst = _instance(home)
+    try:
+        r = _new_run(inst)
+        _materialize(inst, r, "p0")
+        inst.event_log_storage.wipe()
+        assert not (home / "history" / "runs" / f"{r}.db").exists()
+        assert _materialized(inst) == set()
+        _materialize(inst, r, "p1")  # the run's database is created again
+        assert _materialized(inst) == {"p1"}
+    finally:
+        inst.dispose()

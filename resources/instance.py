@@ -17,6 +17,13 @@ a connection within the process, so one connection per database is enough; other
 between them as before. Run databases are kept for the `RUN_SHARDS` most recently used runs,
 the index database always. About 1.8 instead of 6 ms per event (planned or materialization).
 
+Its connections also run with `PRAGMA synchronous=NORMAL` (config `synchronous`, default NORMAL;
+FULL is Dagster's): in WAL mode a commit then writes the WAL without waiting for fsync. SQLite
+stays consistent; a commit can be lost only to an operating-system crash or power loss, not to
+a process that dies (kill -9 included). 1.2 instead of 1.8 ms per event. What Wire reports in
+these events (a partition's result and its data version) is committed in the object store first
+and reported again by the next run.
+
 `wire_dagster.devstack` writes it into the dagster.yaml of the project-local DAGSTER_HOME; the
 docker/ stack uses PostgreSQL instead.
 """
@@ -28,26 +35,38 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from dagster import Field
+from dagster._config import StringSource
 from dagster._core.storage.event_log import SqliteEventLogStorage
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME
 from dagster._core.storage.sql import create_engine
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._serdes import ConfigurableClassData
+from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
+
+SYNCHRONOUS = ("NORMAL", "FULL")
 
 
 class WireSqliteEventLogStorage(SqliteEventLogStorage):
     """Dagster's SQLite event log with one open connection per database (see the module docstring).
 
     Configuration: `base_dir`, as Dagster's (`wire_dagster.devstack` gives `$DAGSTER_HOME/history/runs`,
-    where Dagster's default puts it)."""
+    where Dagster's default puts it); `synchronous`: NORMAL (default) or FULL."""
 
     RUN_SHARDS = 8  # run databases kept open, most recently used; the index database always
 
-    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
+    def __init__(self, base_dir: str, synchronous: str = "NORMAL", inst_data: ConfigurableClassData | None = None):
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"WireSqliteEventLogStorage: synchronous must be one of {', '.join(SYNCHRONOUS)}, not {synchronous!r}")
+        self._synchronous = synchronous
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         super().__init__(base_dir, inst_data=inst_data)
+
+    @classmethod
+    def config_type(cls) -> Mapping[str, Any]:
+        return {"base_dir": StringSource, "synchronous": Field(str, is_required=False, default_value="NORMAL")}
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]) -> WireSqliteEventLogStorage:  # type: ignore[override]
@@ -73,6 +92,8 @@ class WireSqliteEventLogStorage(SqliteEventLogStorage):
                 poolclass=StaticPool,
                 connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
             )
+            pragma = f"PRAGMA synchronous={self._synchronous}"
+            event.listen(engine, "connect", lambda dbapi_conn, _record: dbapi_conn.execute(pragma))
         self._engines[shard] = engine
         runs = [k for k in self._engines if k != INDEX_SHARD_NAME]
         for old in runs[: max(0, len(runs) - self.RUN_SHARDS)]:

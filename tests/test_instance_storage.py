@@ -195,3 +195,35 @@ def test_wipe_closes_and_deletes_the_run_databases(home):
         assert _materialized(inst) == {"p1"}
     finally:
         inst.dispose()
+
+
+def _synchronous(st: WireSqliteEventLogStorage) -> tuple[int, int]:
+    """PRAGMA synchronous of the index's and a run database's connection (1 NORMAL, 2 FULL)."""
+    import sqlalchemy as sa
+
+    with st.index_connection() as conn:
+        index = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+    with st.run_connection("r-pragma") as conn:
+        run = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+    return index, run
+
+
+@pytest.mark.parametrize(("config", "expected"), [(None, 1), ("FULL", 2), ("NORMAL", 1)])
+def test_synchronous_is_normal_unless_configured(home, config, expected):
+    import yaml
+
+    if config is not None:
+        cfg = yaml.safe_load(instance_yaml(home))
+        cfg["event_log_storage"]["config"]["synchronous"] = config
+        (home / "dagster.yaml").write_text(yaml.safe_dump(cfg))
+    inst = _instance(home)
+    try:
+        assert _synchronous(inst.event_log_storage) == (expected, expected)
+    finally:
+        inst.dispose()
+
+
+def test_a_bad_synchronous_value_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="synchronous must be one of NORMAL, FULL, not 'OFF'"):
+        WireSqliteEventLogStorage(str(tmp_path), synchronous="OFF")
+    assert not (tmp_path / "index.db").exists()  # nothing created

@@ -172,6 +172,23 @@ def test_close_stream_seals_every_segment(store: ObjectStore, spec: Pipeline, tm
     assert sorted(o.key for o in store.list("")) == keys  # nothing written, not even a data file
 
 
+def test_a_segment_sealed_during_a_produce_stops_it_at_the_next_claim(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
+    """Only a producer's first chunk checks the seal before writing; every claim checks it after.
+    Sealed after chunk 1: chunk 2 is written and claimed beyond the seal, reported, and the
+    produce stops there (nothing of chunks 3..4)."""
+    f = write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(10)])
+
+    def seal_after_two(rows: int, _total: int) -> None:
+        if rows == 4:
+            assert streams.close_stream(store, spec) == {"s": 1}
+
+    with pytest.raises(WireInputError, match="segment 's' was sealed during the append; chunk 2 is ignored"):
+        streams.produce(store, spec, f, segment="s", chunk_rows=2, progress=seal_after_two)
+    view = streams.read_stream(store, spec.stream, {})["s"]
+    assert view.sealed_at == 1 and [c.seq for c in view.chunks] == [0, 1]
+    assert streams.last_seq(store, spec.stream, "s") == 2  # the chunk claimed after the seal, and no later one
+
+
 def test_produce_to_a_sealed_segment_via_cli_exits_2(store: ObjectStore, spec: Pipeline, cli_env, tmp_path: Path) -> None:
     from conftest import run_wire
 

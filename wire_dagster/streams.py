@@ -517,13 +517,18 @@ def sealed_seq(store: ObjectStore, stream: str, segment: str) -> int | None:
         return None
 
 
-def append_chunk(store: ObjectStore, spec: Pipeline, segment: str, good: pa.Table, dlq: pa.Table, seq_hint: int | None = None) -> ChunkMeta:
+def append_chunk(store: ObjectStore, spec: Pipeline, segment: str, good: pa.Table, dlq: pa.Table, seq_hint: int | None = None,
+                 check_sealed: bool = True) -> ChunkMeta:
     """Write the chunk's files, then claim the next free sequence with create-if-absent (from
-    `seq_hint`, the sequence after this producer's last chunk, else after the segment's last)."""
+    `seq_hint`, the sequence after this producer's last chunk, else after the segment's last).
+
+    A segment sealed before the claim is an error either way (checked after it); `check_sealed`
+    also checks before anything is written. A producer's later chunks skip that first check:
+    its previous chunk was checked after its claim, a moment before."""
     import pyarrow.compute as pc
 
     seg_prefix = segment_prefix(spec.stream, segment)
-    if sealed_seq(store, spec.stream, segment) is not None:
+    if check_sealed and sealed_seq(store, spec.stream, segment) is not None:
         raise WireInputError(f"--segment: segment {segment!r} of stream {spec.stream!r} is sealed; use another segment")
     uid = uuid.uuid4().hex
     data_key = dlq_key = None
@@ -646,7 +651,7 @@ def _append_input(
             if in_flight is not None:
                 done(in_flight.result())
             hint = metas[-1].seq + 1 if metas else None
-            in_flight = uploader.submit(append_chunk, store, spec, segment, good, dlq, hint)
+            in_flight = uploader.submit(append_chunk, store, spec, segment, good, dlq, hint, check_sealed=not metas)
         if in_flight is not None:
             done(in_flight.result())
     return ProduceReport(spec.stream, segment, [m.seq for m in metas], sum(m.rows for m in metas), sum(m.malformed for m in metas))

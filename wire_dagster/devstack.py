@@ -58,7 +58,7 @@ telemetry:
 
 
 # Dagster's SQLite event log with each database's connection kept open (resources/instance.py):
-# about 1.8 instead of 6 ms per event, and a range run logs two per partition and asset. Same files
+# 1.2 instead of 6 ms per event, and a range run logs two per partition and asset. Same files
 # and schema as Dagster's default, in the same place (given absolutely: a storage class of the
 # instance config is not told the instance's directory).
 EVENT_LOG_YAML = """\

@@ -162,6 +162,13 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
             fields.append(f)
         return fields.index(f) + 1  # DuckDB lists are 1-based
 
+    def num(f: str, sqltype: str) -> str:
+        """Field `f`'s value as a number: TRY_CAST of its text, or, from a typed integer or double
+        column, of the column itself (the same value: DuckDB's text of a number casts back to it)."""
+        if typed is not None and f in typed.names and _json_kind(typed.field(f).type) in ("BIGINT", "DOUBLE"):
+            return f"TRY_CAST(c{typed.names.index(f)} AS {sqltype})"
+        return f"TRY_CAST(v{col(f)} AS {sqltype})"
+
     tf = spec.time_field
     ti = col(tf)
     yt, vt = f"y{ti}", f"v{ti}"
@@ -195,6 +202,11 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
         ("t IS NULL", _sql_str(f"unparsable time in {tf}")),
         (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {tf}")),
     ]
+    # Typed input whose time column is not a string column: its JSON type is never VARCHAR, so
+    # the checks and the parse of ISO-8601 text cannot apply, and the time's text is not made.
+    iso_time = typed is None or (tf in typed.names and _json_kind(typed.field(tf).type) == "VARCHAR")
+    if not iso_time:
+        checks = [c for c in checks if not c[0].startswith(f"{yt} = 'VARCHAR'")]
     cols = []
     for role, f in (("key", spec.key_field), ("id", spec.id_field)):
         out_col = KEY if role == "key" else ID
@@ -216,7 +228,7 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
         checks.append(
             (f"y{i} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')", _sql_str(f"field {f} has wrong type (want a number)"))
         )
-        cols.append(f"TRY_CAST(v{i} AS DOUBLE) AS {field_column(f)}")
+        cols.append(f"{num(f, 'DOUBLE')} AS {field_column(f)}")
         done.add(f)
     for f in spec.distinct_fields:
         if f in done:
@@ -230,19 +242,19 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
             (
                 (
                     f"y{i} IS NOT NULL AND y{i} <> 'NULL' AND "
-                    f"(y{i} NOT IN ('BIGINT', 'UBIGINT') OR TRY_CAST(v{i} AS BIGINT) <= 0)"
+                    f"(y{i} NOT IN ('BIGINT', 'UBIGINT') OR {num(f, 'BIGINT')} <= 0)"
                 ),
                 _sql_str(f"gap field {f} must be a positive integer (ms)"),
             )
         )
-        cols.append(f"TRY_CAST(v{i} AS BIGINT) AS {field_column(f)}")
+        cols.append(f"{num(f, 'BIGINT')} AS {field_column(f)}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
     tail = f"""
         SELECT *, CASE
-            WHEN {yt} IN ('BIGINT', 'UBIGINT') THEN TRY_CAST({vt} AS BIGINT)
-            WHEN {yt} = 'DOUBLE' AND TRY_CAST({vt} AS DOUBLE) = floor(TRY_CAST({vt} AS DOUBLE))
-                 AND abs(TRY_CAST({vt} AS DOUBLE)) < 9.0e15 THEN CAST(TRY_CAST({vt} AS DOUBLE) AS BIGINT)
-            WHEN {yt} = 'VARCHAR' THEN epoch_ms(TRY_CAST({vt} AS TIMESTAMPTZ))
+            WHEN {yt} IN ('BIGINT', 'UBIGINT') THEN {num(tf, 'BIGINT')}
+            WHEN {yt} = 'DOUBLE' AND {num(tf, 'DOUBLE')} = floor({num(tf, 'DOUBLE')})
+                 AND abs({num(tf, 'DOUBLE')}) < 9.0e15 THEN CAST({num(tf, 'DOUBLE')} AS BIGINT)
+            {f"WHEN {yt} = 'VARCHAR' THEN epoch_ms(TRY_CAST({vt} AS TIMESTAMPTZ))" if iso_time else ""}
         END AS t FROM c2
     )"""
     if typed is not None:

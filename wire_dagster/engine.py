@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -203,6 +205,29 @@ class _Carry:
         return sum(r.rows for r in self.state.values()) + (self.ids.rows if self.ids else 0)
 
 
+_STAGING_POOL: ThreadPoolExecutor | None = None
+_STAGING_LOCK = threading.Lock()
+
+
+@contextmanager
+def _staged(fn, items: list) -> Iterator[Iterator]:
+    """`fn` over `items` on the process's staging threads, results in order. The threads live as
+    long as the process, and with them each one's DuckDB connection (~12 ms to open: a pool per
+    epoch opened 2 x 23 of them for a 10 M backlog). On leaving, the items not started are
+    cancelled and the started ones waited for, as a pool of one's own would on shutdown."""
+    global _STAGING_POOL
+    with _STAGING_LOCK:
+        if _STAGING_POOL is None:
+            _STAGING_POOL = ThreadPoolExecutor(max_workers=STAGING_THREADS, thread_name_prefix="wire-staging")
+    futures = [_STAGING_POOL.submit(fn, x) for x in items]
+    try:
+        yield (f.result() for f in futures)
+    finally:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+
+
 def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> _Carry:
     """Stage a computed epoch's window state and id memory (state side by side)."""
 
@@ -211,8 +236,8 @@ def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> 
         return cp.stage(run_id, f"state/{name}.parquet", parquet_bytes(t), t.num_rows, epoch)
 
     st_refs = {}
-    with ThreadPoolExecutor(max_workers=STAGING_THREADS) as pool:
-        for name, ref in zip(res.windows, pool.map(stage_state, list(res.windows))):
+    with _staged(stage_state, list(res.windows)) as refs:
+        for name, ref in zip(res.windows, refs):
             st_refs[name] = ref
             fault("during-state-snapshot")
     ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids, distinct=("id",)), res.ids.num_rows, epoch) if res.ids is not None else None
@@ -392,8 +417,8 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
 
     # Partitions (and state files) are staged side by side: reads, merges, Parquet encoding and
     # uploads release the GIL. Results are taken in order, so the manifest is the same.
-    with ThreadPoolExecutor(max_workers=STAGING_THREADS) as pool:
-        for i, (name, p, prior, ref) in enumerate(pool.map(stage_partition, touched)):
+    with _staged(stage_partition, touched) as staged:
+        for i, (name, p, prior, ref) in enumerate(staged):
             if i == 0:
                 fault("mid-staging")
             if prior is None or prior.sha256 != ref.sha256:

@@ -50,9 +50,12 @@ def run_buckets(spec, events: pa.Table, side: pa.Table, w_prev: int, w_new: int,
     return {k: pa.concat_tables(v, promote_options="permissive") for k, v in tables.items()}
 
 
-@pytest.mark.parametrize("split,flagged_by_spark", [(False, True), (True, True), (False, False)],
-                         ids=["one bucket", "bucket per key", "whole epoch flags its duplicates"])
-def test_bucket_kernel_equals_reference(split, flagged_by_spark):
+@pytest.mark.parametrize("split,flagged_by_spark,sql_sweep", [(False, True, False), (True, True, False), (False, False, False),
+                                                              (False, True, True)],
+                         ids=["one bucket", "bucket per key", "whole epoch flags its duplicates", "sessions swept by SQL"])
+def test_bucket_kernel_equals_reference(split, flagged_by_spark, sql_sweep, monkeypatch):
+    if sql_sweep:  # the path `session_groups` leaves to SQL (null bounds, offsets that could overflow)
+        monkeypatch.setattr("wire_dagster.bucketkernel.session_groups", lambda u: None)
     checked = Counter()
     for seed in range(SEEDS):
         spec, epochs = draw_scenario(random.Random(seed))
@@ -95,3 +98,58 @@ def test_bucket_kernel_equals_reference(split, flagged_by_spark):
             checked["duplicate"] += bool(dup)
     # The scenarios did exercise what the kernel must get right.
     assert all(checked[k] for k in ("retraction", "late", "duplicate")), checked
+
+
+def _sql_session_groups(u: pa.Table) -> pa.Array:
+    """The sweep as SQL (what `session_groups` replaces): two window functions per key."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("u", u)
+    return con.sql("""
+        WITH s1 AS (
+            SELECT *, row_number() OVER () AS _i,
+                   max("end") OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS _pmax
+            FROM u
+        )
+        SELECT _i, sum(CASE WHEN _pmax IS NULL OR start > _pmax THEN 1 ELSE 0 END)
+                   OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
+        FROM s1 ORDER BY _i
+    """).to_arrow_table()["_grp"]
+
+
+def _partition(keys: list, grp: list) -> set[frozenset[int]]:
+    """Rows grouped by (key, group): the sessions as sets of row numbers, whatever their numbering."""
+    out: dict = {}
+    for i, (k, g) in enumerate(zip(keys, grp)):
+        out.setdefault((k, g), set()).add(i)
+    return {frozenset(v) for v in out.values()}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_session_groups_are_the_sql_sweeps(seed):
+    """Random pieces (ties, touching and nested intervals, null keys, long state sessions): the same
+    sessions as the SQL sweep."""
+    from wire_dagster.bucketkernel import session_groups
+
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 7, 200, 2000])
+    keys = [rng.choice([None, "a", "b", "é", ""]) if rng.random() < 0.3 else f"k{rng.randrange(1 + n // 20)}" for _ in range(n)]
+    starts = [rng.randrange(-5_000, 50_000) for _ in range(n)]
+    ends = [s + rng.choice([1, 10, 100, 1000, 30_000]) for s in starts]
+    u = pa.table({"key": pa.array(keys, pa.string()), "start": pa.array(starts, pa.int64()), "end": pa.array(ends, pa.int64())})
+    grp = session_groups(u)
+    assert grp is not None
+    assert _partition(keys, grp.to_pylist()) == _partition(keys, _sql_session_groups(u).to_pylist())
+
+
+def test_session_groups_leave_what_could_overflow_or_is_null_to_sql():
+    from wire_dagster.bucketkernel import session_groups
+
+    wide = pa.table({"key": pa.array(["a", "b", "c", "d"]), "start": pa.array([-(2**61), 0, 5, 9], pa.int64()),
+                     "end": pa.array([2**61, 1, 6, 10], pa.int64())})
+    assert session_groups(wide) is None
+    nulls = pa.table({"key": pa.array(["a", "a"]), "start": pa.array([1, None], pa.int64()), "end": pa.array([2, 3], pa.int64())})
+    assert session_groups(nulls) is None
+    empty = pa.table({"key": pa.array([], pa.string()), "start": pa.array([], pa.int64()), "end": pa.array([], pa.int64())})
+    assert session_groups(empty).to_pylist() == []

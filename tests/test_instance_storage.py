@@ -41,13 +41,13 @@ def _new_run(inst: dg.DagsterInstance) -> str:
     return inst.run_storage.add_run(DagsterRun(job_name="j", run_id=str(uuid.uuid4()))).run_id
 
 
-def _materialize(inst: dg.DagsterInstance, run_id: str, partition: str) -> None:
+def _materialize(inst: dg.DagsterInstance, run_id: str, partition: str, tags: dict[str, str] | None = None) -> None:
     inst.report_dagster_event(
         DagsterEvent(
             event_type_value="ASSET_MATERIALIZATION",
             job_name="j",
             step_key="s",
-            event_specific_data=StepMaterializationData(dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"p": partition})),
+            event_specific_data=StepMaterializationData(dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"p": partition}, tags=tags)),
         ),
         run_id,
     )
@@ -193,6 +193,38 @@ def test_wipe_closes_and_deletes_the_run_databases(home):
         assert _materialized(inst) == set()
         _materialize(inst, r, "p1")  # the run's database is created again
         assert _materialized(inst) == {"p1"}
+    finally:
+        inst.dispose()
+
+
+def test_schema_checks_are_asked_once_and_a_missing_table_each_time(home, monkeypatch):
+    asked: list[str] = []
+    has_table = SqliteEventLogStorage.has_table
+
+    def counting(self, name: str) -> bool:
+        asked.append(name)
+        return has_table(self, name)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "has_table", counting)
+    inst = _instance(home)
+    st = inst.event_log_storage
+    try:
+        r = _new_run(inst)
+        for i in range(20):
+            _plan(inst, r, f"p{i}")
+            _materialize(inst, r, f"p{i}", tags={"dagster/data_version": f"v{i}"})  # tags: a table check each
+        assert _materialized(inst) == {f"p{i}" for i in range(20)}
+        versions = inst.get_latest_data_version_record(ASSET, partition_key="p7")
+        assert versions is not None and versions.asset_materialization.tags["dagster/data_version"] == "v7"
+        assert asked and len(asked) == len(set(asked))  # every table asked about once, not per event
+        assert "asset_event_tags" in asked
+        assert not st.has_table("no_such_table") and not st.has_table("no_such_table")
+        assert asked.count("no_such_table") == 2  # a missing table is asked again: it may be created
+        before = len(asked)
+        st.wipe()
+        _materialize(inst, r, "after", tags={"dagster/data_version": "v"})
+        assert "asset_event_tags" in asked[before:]  # a wipe forgets what was found: asked again
+        assert _materialized(inst) == {"after"}
     finally:
         inst.dispose()
 

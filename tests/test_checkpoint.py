@@ -149,9 +149,17 @@ def test_gc_keeps_last_k_and_every_file_they_name(store: ObjectStore, spec) -> N
     named = {f.key for k in kept_before for f in k.files()}
     assert any(f.epoch == 1 for f in kept_before[1].files())  # a file written by epoch 1 is still named
 
-    # young uncommitted staging survives a gc with the default grace
+    committed_runs = {f"run-{n}" for n in range(1, 7)}
+
+    def committed_staging() -> set[str]:
+        return {i.key for i in store.list(cp.root + "staging/") if i.key.split("/")[3] in committed_runs}
+
+    assert committed_staging() - named  # committed runs' files no kept epoch names: gc's to delete
+    # young uncommitted staging survives a gc with the default grace; committed runs' unnamed files
+    # go whatever their age (epoch 3's winner known from its marker, the others' from their one manifest)
     res = cp.gc(keep=2)
     assert {"run-orphan", "run-3-loser", "run-7"} <= staging_runs(store, spec)
+    assert committed_staging() <= named
     assert res["epochs"] == 4 and cp.committed() == [5, 6]
 
     time.sleep(0.01)

@@ -211,8 +211,9 @@ def test_empty_epoch(spark, w_prev, w_new):
     assert not check_balance(spec, res)
 
 
-@pytest.mark.parametrize("result_bytes", [None, 1], ids=["results fit", "results bound: one epoch per job"])
-def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch, result_bytes):
+@pytest.mark.parametrize("result_bytes,pairs_only", [(None, False), (1, False), (None, True)],
+                         ids=["results fit", "results bound: one epoch per job", "rows fit two epochs, not four"])
+def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch, result_bytes, pairs_only):
     """A backlog computed several epochs per Spark job (state carried in the task), each job
     computing while the previous job's epochs are committed, commits, epoch by epoch, the same
     manifests as one job per epoch with nothing overlapping (one epoch per `process` call) — same
@@ -220,7 +221,9 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
     dead letters — and the results equal the reference's, epoch by epoch; the batched run needs
     fewer Spark jobs. When a job's results reach `kernel.JOB_RESULT_BYTES` the task stops: the
     epochs it computed are committed and the rest planned again (with a 1-byte bound, every job
-    computes one of its epochs)."""
+    computes one of its epochs). A job's events are bounded per two consecutive epochs (the one
+    computed and the one read ahead), not summed over the job: with WIRE_SINGLE_TASK_ROWS that
+    holds any two epochs and the carried rows but not the whole backlog, one job computes it."""
     import random
 
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "1000000")
@@ -249,12 +252,24 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
     a = engine.Outcome(manifest=None)
     while step := engine.process(store, per_job, spark, max_epochs=1, now=now).committed:
         a.committed += step
-    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "4")
+    if pairs_only:
+        from wire_dagster.checkpoint import Checkpoints as _Cp
+
+        ms = [_Cp(store, "perjob").load(e) for e in a.committed]
+        totals = [0] + [m.totals.events_in for m in ms]  # cumulative
+        events = [y - x for x, y in zip(totals, totals[1:])]
+        carried = [engine._Carry.of(m).rows for m in ms[:-1]]  # what each next job starts from
+        rows = max(x + y for x, y in zip(events, events[1:])) + max(carried)
+        assert sum(events) > rows  # summed over a job, the backlog would not fit one job
+        monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", str(rows))
+    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "8" if pairs_only else "4")
     b = engine.process(store, batched, spark, max_epochs=100, now=now)
     n = len(a.committed)
     assert n >= 6 and b.committed == a.committed
     assert jobs[:n] == [1] * n
-    if result_bytes is None:  # jobs of up to 4 planned epochs, each computed whole
+    if pairs_only:  # one job for the whole backlog: it never holds more than two epochs' events
+        assert n <= 8 and jobs[n:] == [n]
+    elif result_bytes is None:  # jobs of up to 4 planned epochs, each computed whole
         assert sum(jobs[n:]) == n and max(jobs[n:]) == 4 and len(jobs[n:]) < n
     else:  # up to 4 planned, one computed: a job per epoch
         assert len(jobs[n:]) == n and max(jobs[n:]) == 4

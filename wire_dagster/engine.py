@@ -336,9 +336,10 @@ def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
 def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int, progress) -> list[_Planned]:
     """The epochs one Spark job computes after `base` (the last epoch committed, or the last one
     the previous job computed), whose state and id memory hold `carried` rows: the next epoch,
-    and the ones after it while they fit
-    one task together — at most `epochs_per_job`, no backfill replay, and their events plus the
-    carried rows at most `single_task_rows` (the job itself stops once its results reach
+    and the ones after it while they fit one task together — at most `epochs_per_job`, no
+    backfill replay, and each epoch's events with the next one's (the task reads an epoch's
+    chunks while it computes the one before; it holds no other epoch's events) plus the carried
+    rows at most `single_task_rows` (the job itself stops once its results reach
     `kernel.JOB_RESULT_BYTES`; the epochs it leaves are planned again for the next job). Their
     chunks and watermarks depend on chunk metadata only, so they are planned before any is
     computed; each is still staged and committed on its own, in order, with the manifest it
@@ -350,7 +351,7 @@ def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int,
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:
             break
-        fits = one_task([c for p in (*batch, plan) for c in p.chunks], carried)
+        fits = one_task([c for p in (*batch[-1:], plan) for c in p.chunks], carried)  # held together
         if batch and (base.replay or not fits):
             break  # a replayed epoch, or one that would not fit with the others, starts the next job
         batch.append(plan)

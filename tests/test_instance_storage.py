@@ -65,8 +65,7 @@ def _materialized(inst: dg.DagsterInstance) -> set[str]:
 
 
 def test_the_project_instance_uses_it_where_dagster_keeps_its_event_log(home):
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         st = inst.event_log_storage
         assert isinstance(st, WireSqliteEventLogStorage)
         assert Path(st._base_dir) == home / "history" / "runs"  # Dagster's default place
@@ -74,41 +73,29 @@ def test_the_project_instance_uses_it_where_dagster_keeps_its_event_log(home):
         _materialize(inst, run_id, "p0")
         assert (home / "history" / "runs" / f"{run_id}.db").exists()
         assert (home / "history" / "runs" / "index.db").exists()
-    finally:
-        inst.dispose()
 
 
 def test_a_plain_dagster_instance_reads_what_it_wrote_and_the_other_way_round(home):
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         a = _new_run(inst)
         for p in ("p0", "p1"):
             _plan(inst, a, p)
             _materialize(inst, a, p)
-    finally:
-        inst.dispose()
     (home / "dagster.yaml").write_text("")  # Dagster's defaults: its own SQLite event log, same directory
-    plain = _instance(home)
-    try:
+    with _instance(home) as plain:
         assert type(plain.event_log_storage) is SqliteEventLogStorage
         assert _materialized(plain) == {"p0", "p1"}
         assert len(plain.get_records_for_run(a).records) == 4
         b = _new_run(plain)
         _materialize(plain, b, "p2")
-    finally:
-        plain.dispose()
     (home / "dagster.yaml").write_text(instance_yaml(home))
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         assert _materialized(inst) == {"p0", "p1", "p2"}
         assert [r.event_log_entry.dagster_event.event_type_value for r in inst.get_records_for_run(b).records] == ["ASSET_MATERIALIZATION"]
-    finally:
-        inst.dispose()
 
 
 def test_events_other_processes_write_meanwhile_are_stored_and_seen(home):
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         mine = _new_run(inst)
         _materialize(inst, mine, "mine-0")  # this process's connections are now open
         child = textwrap.dedent(f"""
@@ -129,18 +116,12 @@ def test_events_other_processes_write_meanwhile_are_stored_and_seen(home):
         assert [p.wait(timeout=120) for p in procs] == [0, 0]
         expected = {f"{n}-{i}" for n in ("a", "b", "mine") for i in range(40)}
         assert _materialized(inst) == expected
-        fresh = _instance(home)
-        try:
+        with _instance(home) as fresh:
             assert _materialized(fresh) == expected
-        finally:
-            fresh.dispose()
-    finally:
-        inst.dispose()
 
 
 def test_threads_of_one_process_share_the_connections(home):
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         runs = [_new_run(inst) for _ in range(4)]
         errors: list[BaseException] = []
 
@@ -160,14 +141,11 @@ def test_threads_of_one_process_share_the_connections(home):
         assert not errors
         assert _materialized(inst) == {f"{k}-{i}" for k in range(4) for i in range(30)}
         assert all(len(inst.get_records_for_run(r).records) == 60 for r in runs)
-    finally:
-        inst.dispose()
 
 
 def test_open_run_databases_are_bounded_and_a_closed_one_reopens(home):
-    inst = _instance(home)
-    st = inst.event_log_storage
-    try:
+    with _instance(home) as inst:
+        st = inst.event_log_storage
         runs = [_new_run(inst) for _ in range(st.RUN_SHARDS + 4)]
         for i, r in enumerate(runs):
             _materialize(inst, r, f"p{i}")
@@ -178,14 +156,11 @@ def test_open_run_databases_are_bounded_and_a_closed_one_reopens(home):
         _materialize(inst, runs[0], "again")
         assert len(inst.get_records_for_run(runs[0]).records) == 2
         assert runs[1] not in st.open_shards()
-    finally:
-        inst.dispose()
     assert st.open_shards() == []
 
 
 def test_wipe_closes_and_deletes_the_run_databases(home):
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         r = _new_run(inst)
         _materialize(inst, r, "p0")
         inst.event_log_storage.wipe()
@@ -193,8 +168,6 @@ def test_wipe_closes_and_deletes_the_run_databases(home):
         assert _materialized(inst) == set()
         _materialize(inst, r, "p1")  # the run's database is created again
         assert _materialized(inst) == {"p1"}
-    finally:
-        inst.dispose()
 
 
 def test_schema_checks_are_asked_once_and_a_missing_table_each_time(home, monkeypatch):
@@ -206,9 +179,8 @@ def test_schema_checks_are_asked_once_and_a_missing_table_each_time(home, monkey
         return has_table(self, name)
 
     monkeypatch.setattr(SqliteEventLogStorage, "has_table", counting)
-    inst = _instance(home)
-    st = inst.event_log_storage
-    try:
+    with _instance(home) as inst:
+        st = inst.event_log_storage
         r = _new_run(inst)
         for i in range(20):
             _plan(inst, r, f"p{i}")
@@ -225,8 +197,6 @@ def test_schema_checks_are_asked_once_and_a_missing_table_each_time(home, monkey
         _materialize(inst, r, "after", tags={"dagster/data_version": "v"})
         assert "asset_event_tags" in asked[before:]  # a wipe forgets what was found: asked again
         assert _materialized(inst) == {"after"}
-    finally:
-        inst.dispose()
 
 
 def _synchronous(st: WireSqliteEventLogStorage) -> tuple[int, int]:
@@ -248,11 +218,8 @@ def test_synchronous_is_normal_unless_configured(home, config, expected):
         cfg = yaml.safe_load(instance_yaml(home))
         cfg["event_log_storage"]["config"]["synchronous"] = config
         (home / "dagster.yaml").write_text(yaml.safe_dump(cfg))
-    inst = _instance(home)
-    try:
+    with _instance(home) as inst:
         assert _synchronous(inst.event_log_storage) == (expected, expected)
-    finally:
-        inst.dispose()
 
 
 def test_a_bad_synchronous_value_is_one_clear_error(tmp_path):

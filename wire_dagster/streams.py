@@ -183,14 +183,10 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
         # A row is always a JSON object, and its JSON always parses (DuckDB's reader accepts the
         # NaN and Infinity its writer puts for such doubles): only its size can be wrong.
         record_checks = record_checks[:1]
-    checks: list[tuple[str, str]] = [
-        *record_checks,
-        (f"{yt} IS NULL", _sql_str(f"missing time field {tf}")),
-        (f"{yt} = 'NULL'", _sql_str(f"null time field {tf}")),
-        (
-            f"{yt} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'VARCHAR')",
-            _sql_str(f"time field {tf} has wrong type (want epoch ms or ISO-8601)"),
-        ),
+    # Typed input whose time column is not a string column: its JSON type is never VARCHAR, so
+    # the checks and the parse of ISO-8601 text cannot apply, and the time's text is not made.
+    iso_time = typed is None or (tf in typed.names and _json_kind(typed.field(tf).type) == "VARCHAR")
+    iso_checks = [
         (
             f"{yt} = 'VARCHAR' AND NOT regexp_matches({vt}, '^\\d{{4}}-\\d{{2}}-\\d{{2}}[T ]')",
             _sql_str(f"non-numeric time field {tf} (want epoch ms or ISO-8601 with zone)"),
@@ -199,14 +195,19 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
             f"{yt} = 'VARCHAR' AND NOT regexp_matches({vt}, '(Z|z|[+-]\\d{{2}}(:?\\d{{2}})?)$')",
             _sql_str(f"naive time in {tf} (ISO-8601 needs a zone, e.g. Z)"),
         ),
+    ]
+    checks: list[tuple[str, str]] = [
+        *record_checks,
+        (f"{yt} IS NULL", _sql_str(f"missing time field {tf}")),
+        (f"{yt} = 'NULL'", _sql_str(f"null time field {tf}")),
+        (
+            f"{yt} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'VARCHAR')",
+            _sql_str(f"time field {tf} has wrong type (want epoch ms or ISO-8601)"),
+        ),
+        *(iso_checks if iso_time else []),
         ("t IS NULL", _sql_str(f"unparsable time in {tf}")),
         (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {tf}")),
     ]
-    # Typed input whose time column is not a string column: its JSON type is never VARCHAR, so
-    # the checks and the parse of ISO-8601 text cannot apply, and the time's text is not made.
-    iso_time = typed is None or (tf in typed.names and _json_kind(typed.field(tf).type) == "VARCHAR")
-    if not iso_time:
-        checks = [c for c in checks if not c[0].startswith(f"{yt} = 'VARCHAR'")]
     cols = []
     for role, f in (("key", spec.key_field), ("id", spec.id_field)):
         out_col = KEY if role == "key" else ID

@@ -276,22 +276,23 @@ def bucket_epoch(
         con.register("ev_in", events)
         con.register("side", side)
         out: dict[tuple[str, str], pa.Table] = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
-        remembered = f"{ID} IN (SELECT id FROM side WHERE _w = {_lit(IDS_W)})"
-        if spec.id_field and DUP not in events.column_names and con.execute(f"""
-                SELECT (SELECT count(*) FROM (SELECT {ID} FROM ev_in GROUP BY {ID} HAVING count(*) > 1))
-                     + (SELECT count(*) FROM ev_in WHERE {remembered})""").fetchone()[0] == 0:
-            # No id repeats and none is remembered (usually so; 25 ms instead of the 56 ms of
-            # numbering every id's events for 400,000 events).
-            con.execute(f"CREATE OR REPLACE TEMP VIEW ev_all AS SELECT *, FALSE AS {DUP} FROM ev_in")
-        elif spec.id_field and DUP not in events.column_names:
-            # The whole epoch is here: a repeated id, or one the id memory holds, is a duplicate
-            # (the first by position counts, as in Spark's flagging).
-            con.execute(f"""
-                CREATE OR REPLACE TEMP TABLE ev_all AS
-                SELECT *, (row_number() OVER (PARTITION BY {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
-                           OR coalesce({remembered}, FALSE)) AS {DUP}
-                FROM ev_in
-            """)
+        if spec.id_field and DUP not in events.column_names:
+            remembered = f"{ID} IN (SELECT id FROM side WHERE _w = {_lit(IDS_W)})"
+            if con.execute(f"""
+                    SELECT (SELECT count(*) FROM (SELECT {ID} FROM ev_in GROUP BY {ID} HAVING count(*) > 1))
+                         + (SELECT count(*) FROM ev_in WHERE {remembered})""").fetchone()[0] == 0:
+                # No id repeats and none is remembered (usually so; 25 ms instead of the 56 ms of
+                # numbering every id's events for 400,000 events).
+                con.execute(f"CREATE OR REPLACE TEMP VIEW ev_all AS SELECT *, FALSE AS {DUP} FROM ev_in")
+            else:
+                # The whole epoch is here: a repeated id, or one the id memory holds, is a duplicate
+                # (the first by position counts, as in Spark's flagging).
+                con.execute(f"""
+                    CREATE OR REPLACE TEMP TABLE ev_all AS
+                    SELECT *, (row_number() OVER (PARTITION BY {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
+                               OR coalesce({remembered}, FALSE)) AS {DUP}
+                    FROM ev_in
+                """)
         else:
             con.execute("CREATE OR REPLACE TEMP VIEW ev_all AS SELECT * FROM ev_in")
         if spec.id_field:

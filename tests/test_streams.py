@@ -558,6 +558,90 @@ def test_parquet_typed_columns_give_what_json_lines_give() -> None:
     assert tried >= 30
 
 
+def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
+    """A random table in which every row is a valid event: the fields in each of the types the
+    Arrow path takes, with nulls where a field may be null, edge values, and other columns."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.choice([1, 7, 60])
+    t0 = spec.start + 86_400_000
+    texts = ["a", 'q"uote', "é\n\t\x01", "", "12", "-4", "x" * 40]
+
+    def pick(kinds: list[str], nulls: bool):
+        kind = rng.choice(kinds)
+        def v(x):
+            return None if nulls and rng.random() < 0.2 else x
+        if kind == "absent":
+            return None
+        if kind == "null":
+            return pa.nulls(n)
+        if kind in ("int64", "int16", "uint64", "int32"):
+            hi = {"int16": 2**15 - 1, "int32": 2**31 - 1, "int64": 2**62, "uint64": 2**64 - 1}[kind]
+            lo = 1 if kind == "uint64" else -hi
+            return pa.array([v(rng.choice([lo, 1, 7, hi, rng.randint(lo, hi)])) for _ in range(n)], getattr(pa, kind)())
+        if kind == "positive":
+            ty, top = rng.choice([(pa.int64(), 2**62), (pa.int32(), 2**31 - 1)])
+            return pa.array([v(rng.choice([1, 10_000, top])) for _ in range(n)], ty)
+        if kind == "float64":
+            return pa.array([v(rng.choice([0.5, -0.0, 1e20, 5e-324, float("nan"), float("inf"), 2.0**60])) for _ in range(n)], pa.float64())
+        return pa.array([v(rng.choice(texts)) for _ in range(n)], pa.large_string() if kind == "large_string" else pa.string())
+
+    cols = {"ts": pa.array([t0 + rng.randrange(10**6) for _ in range(n)], rng.choice([pa.int64(), pa.uint64()]))}
+    cols["k"] = pick(["int64", "int16", "string", "large_string"], nulls=False)
+    cols["eid"] = pick(["int64", "uint64", "string"], nulls=False)
+    cols["v"] = pick(["int64", "uint64", "float64", "null", "absent"], nulls=True)
+    cols["u"] = pick(["int64", "string", "large_string", "null", "absent"], nulls=True)
+    cols["g"] = pick(["positive", "null", "absent"], nulls=True)
+    cols["extra"] = pick(["float64", "string", "null", "absent"], nulls=True)
+    if rng.random() < 0.3:
+        cols["flag"] = pa.array([rng.choice([True, False, None]) for _ in range(n)], pa.bool_())
+    return pa.table({k: c for k, c in cols.items() if c is not None})
+
+
+def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
+    """A typed table none of whose rows can fail a check is normalized by Arrow casts, without
+    the SQL: its events must be those of the JSON-lines path (and of the typed SQL), over random
+    tables of every type the Arrow path takes; a table with one bad row goes through the SQL."""
+    spec = pipeline_from_dict({**TYPED_SPEC, "limits": {"max_record_bytes": 2000}})
+    ingest = now_ms()
+    for seed in range(60):
+        t = _valid_typed_table(spec, seed)
+        assert streams.typed_columns(spec, t.schema), (seed, t.schema)
+        assert streams._all_valid(spec, t, ingest) is not None, (seed, t.schema)
+        typed, via_json = _both_paths(spec, t, ingest)
+        assert typed == via_json, (seed, t.schema)
+        assert typed[1][1] == [] and len(typed[0][1]) == t.num_rows
+        src = t.rename_columns([f"c{k}" for k in range(t.num_columns)])
+        sql_valid = streams._validate(spec, "src", src, ingest, typed=t.schema)[0]
+        assert typed[0] == (sql_valid.schema, [
+            {k: ("NaN" if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in sql_valid.to_pylist()])
+    t0 = spec.start + 86_400_000
+    good = pa.table({"ts": pa.array([t0, t0 + 1], pa.int64()), "k": ["a", "b"], "eid": pa.array([1, 2]),
+                     "g": pa.array([5, 6]), "v": pa.array([1.0, 2.0]), "u": ["x", "y"]})
+    assert streams._all_valid(spec, good, ingest) is not None
+    one_bad = {
+        "null key": {"k": pa.array(["a", None])},
+        "null id": {"eid": pa.array([1, None])},
+        "no id field": {"eid": None},
+        "time before start": {"ts": pa.array([t0, spec.start - 1], pa.int64())},
+        "time too far ahead": {"ts": pa.array([t0, ingest + spec.max_future + 1], pa.int64())},
+        "null time": {"ts": pa.array([t0, None], pa.int64())},
+        "text time": {"ts": pa.array(["2026-01-02T00:00:00Z"] * 2)},
+        "gap of 0": {"g": pa.array([5, 0])},
+        "number as text": {"v": pa.array(["1", "2"])},
+        "maybe over max_record_bytes": {"pad": pa.array(["p" * 400, ""])},  # 6 * 400 + 2 bytes if all escaped
+        "over max_record_bytes": {"pad": pa.array(["p" * 2100, ""])},
+        "distinct of booleans": {"u": pa.array([True, False])},
+    }
+    for what, change in one_bad.items():
+        cols = {**{n: good[n] for n in good.column_names}, **change}
+        t = pa.table({n: c for n, c in cols.items() if c is not None})
+        assert streams._all_valid(spec, t, ingest) is None, what
+        typed, via_json = _both_paths(spec, t, ingest)
+        assert typed == via_json, what
+
+
 def test_parquet_columns_the_typed_path_leaves_to_json_lines() -> None:
     """Types, names and fields the typed path does not model fall back to JSON lines (same result)."""
     spec = pipeline_from_dict(TYPED_SPEC)

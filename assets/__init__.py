@@ -174,7 +174,7 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
     def _windows(context: dg.AssetExecutionContext, wire_store: ObjectStoreResource, wire_spark: SparkResource):
         from wire_dagster.sparksession import LazySession, preload_client
 
-        preload_client()  # the client's import overlaps the run's first reads of the store
+        preload_client(wire_spark.master or None, wire_spark.remote or None)  # overlaps the run's first reads of the store
         # Started on first use: a run with nothing pending (it only reports) never starts Spark.
         yield from _run(spec, context, wire_store.get_store(), LazySession(wire_spark.get_session))
 

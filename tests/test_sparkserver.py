@@ -105,6 +105,25 @@ print(json.dumps({"session": s.session_id, "n": s.range(5).count()}))
 s.stop()
 """
 
+PRELOAD = """
+from wire_dagster.sparksession import preload_client
+preload_client().join()
+"""
+
+
+def kernel_workers(jvm: psutil.Process) -> set[int]:
+    """The server's Python workers (forked by a pyspark.daemon child of the JVM) that have loaded DuckDB."""
+    out = set()
+    for daemon in jvm.children():
+        try:
+            for w in daemon.children():
+                if any("duckdb" in m.path for m in w.memory_maps()):
+                    out.add(w.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 RELEASE = """
 import sys
 from pyspark.sql import SparkSession
@@ -169,6 +188,12 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         assert shared is not None and shared_session_id("sc://127.0.0.1:1", home) is None
         runs = [json.loads(python(SHARED, env)) for _ in range(2)]
         assert runs == [{"session": shared, "n": 5}] * 2, runs
+        # A process that preloads the client starts the shared session's Python workers, one per core (the
+        # server's local[2]), with the kernel's modules imported: Spark stops a worker idle for a minute, and
+        # the run's first job would start them again. Spark reuses the workers for its next tasks.
+        before = kernel_workers(jvm)
+        python(PRELOAD, env)
+        assert len(kernel_workers(jvm) - before) == 2, (before, kernel_workers(jvm))
         python(RELEASE.replace("sys.argv[1]", repr(f"{url}/;session_id={shared}")), env)
         own = json.loads(python(SHARED, env))
         assert own["n"] == 5 and own["session"] != shared, own

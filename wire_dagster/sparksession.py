@@ -252,28 +252,64 @@ def _jvm_tmpdir(root: str) -> str:
 _PRELOAD: threading.Thread | None = None
 
 
-def preload_client() -> threading.Thread:
-    """Import the Spark client `get_spark` will use (Spark Connect's for a remote target, else
-    PySpark's) in a background thread, for a caller that has other work first: the imports
-    (~0.3-0.5 s) then overlap its waits on the store and on Dagster's storage. `get_spark`
+def preload_client(master: str | None = None, remote: str | None = None) -> threading.Thread:
+    """Import the Spark client `get_spark(master, remote)` will use (Spark Connect's for a remote
+    target, else PySpark's) in a background thread, for a caller that has other work first: the
+    imports (~0.3-0.5 s) then overlap its waits on the store and on Dagster's storage. `get_spark`
     works whether it has finished or not (an import in progress is waited for, not repeated).
-    Once per process: `wire tick` calls it, then each run it executes in-process."""
+    Once per process: `wire tick` calls it, then each run it executes in-process.
+
+    For the embedded server's shared session it then attaches and warms the session's Python
+    workers (`warm_workers`): Spark stops a Python worker after a minute idle, and the next job
+    pays ~1 s to start one and import the kernel's modules; this way that happens while the
+    caller reads the store and Dagster creates its run."""
     global _PRELOAD
     if _PRELOAD is not None:
         return _PRELOAD
 
     def run() -> None:
         try:
-            kind, _url, _embedded = _resolve(None, None)
+            kind, url, _embedded = _resolve(master, remote)
         except Exception:  # get_spark reports a bad setting when it is called; nothing to preload
             return
         import importlib
 
         importlib.import_module("pyspark.sql.connect.session" if kind == "remote" else "pyspark.sql")
+        if kind != "remote":
+            return
+        from .sparkserver import shared_session_id
+
+        if shared_session_id(url) is None:
+            return
+        try:
+            warm_workers(get_spark(master, remote))
+        except Exception as e:  # the caller's own first job meets (and reports) whatever failed here
+            import logging
+
+            logging.getLogger(__name__).debug("warming the Spark server's Python workers failed: %s", e)
 
     _PRELOAD = threading.Thread(target=run, name="wire-spark-import", daemon=True)
     _PRELOAD.start()
     return _PRELOAD
+
+
+def warm_workers(spark) -> None:
+    """One task per core (the session's shuffle partitions) that starts a Python worker, if the
+    session's pool has none idle, and imports the kernel's modules in it; the kernel's next tasks
+    then reuse the workers (`spark.python.worker.reuse`). A few ms where they are warm already."""
+    n = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "1")))
+    spark.range(0, n, 1, n).mapInArrow(_warm_task, "ready BOOLEAN").collect()
+
+
+def _warm_task(batches):
+    import duckdb  # noqa: F401
+    import pyarrow as pa
+
+    from . import kernel  # noqa: F401
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"ready": [True]})
 
 
 def _remote(url: str, app: str):

@@ -121,7 +121,7 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
     cols = ", ".join(_q(c) for c in parts)
     # An event's partials are computed once, before it is copied into each of its windows.
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE e AS SELECT {KEY}, {SEG}, {SEQ}, {ROW}, "
+        f"CREATE OR REPLACE TEMP VIEW e AS SELECT {KEY}, {SEG}, {SEQ}, {ROW}, "
         f"{TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last, {_event_partials(w)} FROM ev"
     )
     late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM e WHERE _last + {w.size + L} <= {w_prev}").to_arrow_table()
@@ -194,7 +194,7 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
     if w.gap_field:
         g = _q(field_column(w.gap_field))
         gap = f"(CASE WHEN {g} IS NOT NULL AND {g} > 0 THEN {g} ELSE {w.gap} END)"
-    con.execute(f'CREATE OR REPLACE TEMP TABLE p AS SELECT *, {TIME} AS start, {TIME} + {gap} AS "end" FROM ev')
+    con.execute(f'CREATE OR REPLACE TEMP VIEW p AS SELECT *, {TIME} AS start, {TIME} + {gap} AS "end" FROM ev')
     # A late one-event window still counts if it touches an open session of its key (Flink merges first).
     touches = (
         f'EXISTS (SELECT 1 FROM st WHERE st.key IS NOT DISTINCT FROM p.{KEY} AND st.start <= p."end" AND p.start <= st."end")'

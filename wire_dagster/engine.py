@@ -175,8 +175,12 @@ def process(
                 raise
             batch = nxt
     if out.committed:
-        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
-        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+        # Side by side (each mostly waits on the store): garbage collection deletes only what no
+        # kept manifest names, and publishing copies only what the latest (kept) manifest names.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-gc") as bg:
+            collected = bg.submit(cp.gc, keep=keep_epochs, current_run=prev.run_id)
+            cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
+            collected.result()
     offsets = prev.remap if prev else {}
     out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
     return out

@@ -296,7 +296,7 @@ def preload_client(master: str | None = None, remote: str | None = None) -> thre
 def warm_workers(spark) -> None:
     """One task per core (the session's shuffle partitions) that starts a Python worker, if the
     session's pool has none idle, and imports the kernel's modules in it; the kernel's next tasks
-    then reuse the workers (`spark.python.worker.reuse`). A few ms where they are warm already."""
+    then reuse the workers (`spark.python.worker.reuse`). ~0.1 s on the server where they are warm already."""
     n = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "1")))
     spark.range(0, n, 1, n).mapInArrow(_warm_task, "ready BOOLEAN").collect()
 

@@ -464,28 +464,25 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
         cols[out_col] = c.cast(pa.string())
     cols[ROW] = pa.array(np.arange(table.num_rows, dtype=np.int64))
 
-    def present(f: str, ok) -> pa.ChunkedArray | None | bool:
-        """Field f's column if its type is `ok`; None if absent or all null (SQL: null); False else."""
-        if f not in names or pa.types.is_null(table.schema.field(f).type):
-            return None
-        c = table.column(f)
-        return c if ok(c.type) else False
+    def column(f: str) -> pa.ChunkedArray | None:
+        """Field f's column; None where the row has no value for it (absent, or of null type)."""
+        return None if f not in names or pa.types.is_null(table.schema.field(f).type) else table.column(f)
 
     for f in spec.numeric_fields:
-        c = present(f, lambda ty: _is_int(ty) or pa.types.is_float64(ty))
-        if c is False:
+        c = column(f)
+        if c is not None and not (_is_int(c.type) or pa.types.is_float64(c.type)):
             return None
         cols[field_column(f)] = pa.nulls(table.num_rows, pa.float64()) if c is None else c.cast(pa.float64(), safe=False)
     for f in spec.distinct_fields:
         if field_column(f) in cols:
             continue
-        c = present(f, lambda ty: _is_int(ty) or _is_str(ty))
-        if c is False:
+        c = column(f)
+        if c is not None and not (_is_int(c.type) or _is_str(c.type)):
             return None
         cols[field_column(f)] = pa.nulls(table.num_rows, pa.string()) if c is None else c.cast(pa.string())
     for f in spec.gap_fields:
-        c = present(f, lambda ty: _is_int(ty) and pa.types.is_signed_integer(ty))
-        if c is False or (c is not None and c.null_count < len(c) and pc.min(c).as_py() <= 0):
+        c = column(f)
+        if c is not None and not (pa.types.is_signed_integer(c.type) and (c.null_count == len(c) or pc.min(c).as_py() > 0)):
             return None
         cols.setdefault(field_column(f), pa.nulls(table.num_rows, pa.int64()) if c is None else c.cast(pa.int64()))
     schema = chunk_schema(spec)

@@ -323,6 +323,18 @@ def typed_columns(spec: Pipeline, schema: pa.Schema) -> bool:
     return not any(f in names and pa.types.is_float64(schema.field(f).type) for f in spec.distinct_fields)
 
 
+_ESCAPED, _QUOTES, _NULL_TEXT, _SCALAR_TEXT = 6, 2, 4, 32  # most bytes per string byte, quotes, `null`, other values
+
+
+def _json_bound(schema: pa.Schema) -> tuple[int, list[int]]:
+    """A bound on a row's JSON length: `fixed` bytes plus, for each string column k listed,
+    _ESCAPED bytes per byte of its value + _QUOTES (_NULL_TEXT when null) — every name quoted,
+    every string with every byte escaped, every other value at most _SCALAR_TEXT."""
+    strings = [k for k, f in enumerate(schema) if _is_str(f.type)]
+    fixed = 2 + sum(len(json.dumps(n)) + 2 for n in schema.names) + _SCALAR_TEXT * (len(schema) - len(strings))
+    return fixed, strings
+
+
 def _typed_sql(schema: pa.Schema, fields: list[str], max_bytes: int, tail: str, cols: list[str], reason: str) -> str:
     """The typed head and tail of `_normalize_sql` over `src(line_no, c0, c1, ...)`."""
     names = schema.names
@@ -336,11 +348,9 @@ def _typed_sql(schema: pa.Schema, fields: list[str], max_bytes: int, tail: str, 
         kind = _json_kind(schema.field(f).type)
         text = f"c{k}" if kind == "VARCHAR" else f"CAST(c{k} AS VARCHAR)"
         vals.append(f"CASE WHEN c{k} IS NULL THEN 'NULL' ELSE '{kind}' END AS y{i}, {text} AS v{i}")
-    # The row's JSON is longer than max_bytes only if this bound is: every value at its longest
-    # (a string with every byte escaped), every name quoted; only then is the JSON measured.
-    bound = [str(2 + sum(len(json.dumps(n)) + 2 for n in names))]
-    for k, f in enumerate(schema):
-        bound.append(f"coalesce(6 * strlen(c{k}) + 2, 4)" if _is_str(f.type) else "32")
+    # The row's JSON is longer than max_bytes only if this bound is; only then is the JSON measured.
+    fixed, strings = _json_bound(schema)
+    bound = [str(fixed)] + [f"coalesce({_ESCAPED} * strlen(c{k}) + {_QUOTES}, {_NULL_TEXT})" for k in strings]
     cs = ", ".join(f"c{k}" for k in range(len(names)))
     return f"""
     WITH c2 AS (
@@ -439,13 +449,10 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
     names = table.schema.names
     if any(f not in names for f in (spec.time_field, spec.key_field, spec.id_field) if f):
         return None
-    bound = 2 + sum(len(json.dumps(n)) + 2 for n in names)
-    for c in table.columns:
-        if _is_str(c.type):
-            longest = pc.max(pc.binary_length(c)).as_py()
-            bound += max(6 * (longest or 0) + 2, 4 if c.null_count else 0)
-        else:
-            bound += 32
+    bound, strings = _json_bound(table.schema)
+    for c in (table.column(k) for k in strings):  # each column at its longest row
+        longest = pc.max(pc.binary_length(c)).as_py()
+        bound += max(_ESCAPED * (longest or 0) + _QUOTES, _NULL_TEXT if c.null_count else 0)
     if bound > spec.max_record_bytes:
         return None
     t = table.column(spec.time_field)

@@ -457,18 +457,20 @@ TYPED_SPEC = {
 }
 
 
-def _both_paths(spec: Pipeline, table: pa.Table, ingest: int):
-    """(typed path, JSON-lines path) of one Parquet table's rows, each (valid, dead letters) as
-    (schema, rows) with NaN made comparable."""
+def _plain(t: pa.Table):
+    """A table as (schema, rows) with NaN made comparable."""
     import math
 
-    def plain(t: pa.Table):
-        rows = [{k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in t.to_pylist()]
-        return t.schema, rows
+    rows = [{k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in t.to_pylist()]
+    return t.schema, rows
 
+
+def _both_paths(spec: Pipeline, table: pa.Table, ingest: int):
+    """(typed path, JSON-lines path) of one Parquet table's rows, each (valid, dead letters) as
+    `_plain` (schema, rows)."""
     typed = streams.normalize_table(spec, table, ingest)
     via_json = streams.normalize_lines(spec, streams.parquet_to_lines(table), ingest)
-    return tuple(map(plain, typed)), tuple(map(plain, via_json))
+    return tuple(map(_plain, typed)), tuple(map(_plain, via_json))
 
 
 def _typed_cases(spec: Pipeline, seed: int) -> pa.Table:
@@ -614,8 +616,7 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
         assert typed[1][1] == [] and len(typed[0][1]) == t.num_rows
         src = t.rename_columns([f"c{k}" for k in range(t.num_columns)])
         sql_valid = streams._validate(spec, "src", src, ingest, typed=t.schema)[0]
-        assert typed[0] == (sql_valid.schema, [
-            {k: ("NaN" if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in sql_valid.to_pylist()])
+        assert typed[0] == _plain(sql_valid)
     t0 = spec.start + 86_400_000
     good = pa.table({"ts": pa.array([t0, t0 + 1], pa.int64()), "k": ["a", "b"], "eid": pa.array([1, 2]),
                      "g": pa.array([5, 6]), "v": pa.array([1.0, 2.0]), "u": ["x", "y"]})

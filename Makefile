@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: setup demo test test-long bench java chromium clean lock
+.PHONY: setup demo test test-long lint bench java chromium clean lock
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ demo: setup
 
 test: setup chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Format, lint and type-check the whole tree (rules in pyproject.toml).
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/pyright
 
 # The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS).
 test-long: setup chromium

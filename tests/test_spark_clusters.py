@@ -502,7 +502,8 @@ def test_spark_connect_matches_local(dataset: Dataset, remote_runs: dict) -> Non
 def test_spark_target_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """WIRE_SPARK_REMOTE wins when set and non-empty; WIRE_SPARK_MASTER defaults to local[*]; bad values are input errors."""
     from wire_dagster.errors import WireInputError
-    from wire_dagster.sparksession import driver_host, spark_target
+    from wire_dagster.sparkconf import driver_host
+    from wire_dagster.sparksession import spark_target
 
     monkeypatch.setenv("WIRE_HOME", str(tmp_path))  # no embedded Spark server there (test_sparkserver.py covers one)
     monkeypatch.delenv("WIRE_SPARK_REMOTE", raising=False)

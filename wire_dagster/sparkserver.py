@@ -19,7 +19,8 @@ another process ran a query (a Spark Connect session marks its whole Python proc
 remote, so this process never opens one), and a start that fails stops what it launched;
 `stop` signals only the server's process group (SIGTERM, then SIGKILL), never a name.
 
-Standard library only at import time: `sparksession.spark_target` calls `embedded_url`.
+Standard library only at import time: `sparksession.spark_target` calls `embedded_url`. The
+settings it shares with the session factory are in sparkconf.py (this module never imports sparksession).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .procgroup import (
     port_answers,
     port_free,
 )
+from .sparkconf import check_master, driver_host, env_value, java_problem, local_cores, with_java_tmpdir
 
 HOST = "127.0.0.1"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -55,8 +57,14 @@ _LOG_ROTATE_BYTES = 20 * 1024 * 1024
 #: A Spark JVM and its first query on a loaded 2-core machine take 15-30 s.
 START_TIMEOUT = 180.0
 #: Variables that would make the server or the probe a Connect client, or steer spark-submit.
-_CLIENT_ENV = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "PYSPARK_SUBMIT_ARGS",
-               "WIRE_SPARK_REMOTE", "WIRE_SPARK_MASTER")
+_CLIENT_ENV = (
+    "SPARK_REMOTE",
+    "SPARK_CONNECT_MODE_ENABLED",
+    "SPARK_LOCAL_REMOTE",
+    "PYSPARK_SUBMIT_ARGS",
+    "WIRE_SPARK_REMOTE",
+    "WIRE_SPARK_MASTER",
+)
 #: Secrets the server never needs (runs pass the store's options with each query).
 _SECRETS = ("WIRE_S3_ACCESS_KEY", "WIRE_S3_SECRET_KEY")
 
@@ -82,14 +90,12 @@ def _check_memory(value: str, what: str) -> str:
 
 
 def _shuffle_partitions(master: str) -> str:
-    from .sparksession import _env, _local_cores
-
-    raw = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")
+    raw = env_value("WIRE_SPARK_SHUFFLE_PARTITIONS")
     if raw is not None:
         if not raw.isdigit() or int(raw) < 1:
             raise WireInputError(f"WIRE_SPARK_SHUFFLE_PARTITIONS: expected an integer >= 1, got {raw!r}")
         return raw
-    return str(max(2, _local_cores(master) or os.cpu_count() or 2))
+    return str(max(2, local_cores(master) or os.cpu_count() or 2))
 
 
 class EmbeddedSpark(GroupOwner):
@@ -120,7 +126,12 @@ class EmbeddedSpark(GroupOwner):
     def _read_pid(self) -> dict | None:
         try:
             info = json.loads(self.pid_file.read_text())
-            int(info["pid"]), int(info["pgid"]), int(info["port"]), str(info["url"])
+            _ = (
+                int(info["pid"]),
+                int(info["pgid"]),
+                int(info["port"]),
+                str(info["url"]),
+            )  # each field there, of its type
             return info
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
@@ -186,15 +197,17 @@ class EmbeddedSpark(GroupOwner):
         missing, a bad master, a taken --port) before launching anything, and SparkServerError (one line,
         naming the log file) if the server does not come up, after stopping what it launched.
         """
-        from .sparksession import _env, check_master, java_problem
-
         problem = java_problem()
         if problem:
             raise WireInputError(problem)
-        master = check_master((master or "").strip() or _env("WIRE_SPARK_MASTER") or "local[*]",
-                              "--master" if master else "WIRE_SPARK_MASTER")
-        memory = _check_memory(driver_memory or _env("WIRE_SPARK_DRIVER_MEMORY") or "2g",
-                               "driver memory" if driver_memory else "WIRE_SPARK_DRIVER_MEMORY")
+        master = check_master(
+            (master or "").strip() or env_value("WIRE_SPARK_MASTER") or "local[*]",
+            "--master" if master else "WIRE_SPARK_MASTER",
+        )
+        memory = _check_memory(
+            driver_memory or env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g",
+            "driver memory" if driver_memory else "WIRE_SPARK_DRIVER_MEMORY",
+        )
         for key in conf or {}:
             if not str(key).startswith("spark."):
                 raise WireInputError(f"--conf {key}: expected a Spark setting (spark.…=value)")
@@ -223,8 +236,9 @@ class EmbeddedSpark(GroupOwner):
                 except _PortClash:
                     self._stop_locked()
                     if port is not None or attempt == 2:
-                        raise SparkServerError(f"embedded Spark server: port {info['port']} was taken while starting; "
-                                               f"see {self.log_file}") from None
+                        raise SparkServerError(
+                            f"embedded Spark server: port {info['port']} was taken while starting; see {self.log_file}"
+                        ) from None
                 except _Gone as exc:
                     self._stop_locked()
                     raise SparkServerError(str(exc)) from None
@@ -263,12 +277,10 @@ class EmbeddedSpark(GroupOwner):
         raise SparkServerError(f"embedded Spark server: no free port on {HOST}")
 
     def _command(self, master: str, memory: str, port: int, conf: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        from .sparksession import _env, driver_host, with_java_tmpdir
-
         home = spark_home()
         python = sys.executable
         settings = {
-            "spark.ui.enabled": _env("WIRE_SPARK_UI") or "false",
+            "spark.ui.enabled": env_value("WIRE_SPARK_UI") or "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.shuffle.partitions": _shuffle_partitions(master),
@@ -284,7 +296,7 @@ class EmbeddedSpark(GroupOwner):
             "spark.connect.session.manager.defaultSessionTimeout": "7d",
         }
         settings["spark.default.parallelism"] = settings["spark.sql.shuffle.partitions"]
-        executor_memory = _env("WIRE_SPARK_EXECUTOR_MEMORY")
+        executor_memory = env_value("WIRE_SPARK_EXECUTOR_MEMORY")
         if executor_memory:
             settings["spark.executor.memory"] = _check_memory(executor_memory, "WIRE_SPARK_EXECUTOR_MEMORY")
         env = _clean_env()
@@ -298,10 +310,25 @@ class EmbeddedSpark(GroupOwner):
                 env["SPARK_LOCAL_IP"] = HOST  # and so the UI, when enabled
         settings.update(conf)
         # Not overridable: where clients connect, and the mark that makes this server ours.
-        settings.update({"spark.connect.grpc.binding.address": HOST, "spark.connect.grpc.binding.port": str(port),
-                         "spark.connect.grpc.port.maxRetries": "0", "spark.wire.dir": str(self.dir)})
-        cmd = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--name", "wire-spark-connect",
-               "--master", master, "--driver-memory", memory]
+        settings.update(
+            {
+                "spark.connect.grpc.binding.address": HOST,
+                "spark.connect.grpc.binding.port": str(port),
+                "spark.connect.grpc.port.maxRetries": "0",
+                "spark.wire.dir": str(self.dir),
+            }
+        )
+        cmd = [
+            str(home / "bin" / "spark-submit"),
+            "--class",
+            SERVER_CLASS,
+            "--name",
+            "wire-spark-connect",
+            "--master",
+            master,
+            "--driver-memory",
+            memory,
+        ]
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
         return cmd, env
@@ -316,13 +343,28 @@ class EmbeddedSpark(GroupOwner):
             self.log_file.replace(self.log_file.with_suffix(".log.1"))
         with open(self.log_file, "ab") as log:
             self._log_from = log.seek(0, os.SEEK_END)
-            log.write(f"\n=== wire: starting the Spark Connect server ({master}, port {port}) at "
-                      f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
+            log.write(
+                f"\n=== wire: starting the Spark Connect server ({master}, port {port}) at "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode()
+            )
             log.flush()
-            self._proc = subprocess.Popen(cmd, cwd=self.dir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
-        info = {"pid": self._proc.pid, "pgid": self._proc.pid, "url": f"sc://{HOST}:{port}", "port": port,
-                "master": master, "log": str(self.log_file)}
+            self._proc = subprocess.Popen(
+                cmd,
+                cwd=self.dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        info = {
+            "pid": self._proc.pid,
+            "pgid": self._proc.pid,
+            "url": f"sc://{HOST}:{port}",
+            "port": port,
+            "master": master,
+            "log": str(self.log_file),
+        }
         self._write_pid(info)
         return info
 
@@ -346,7 +388,9 @@ class EmbeddedSpark(GroupOwner):
                     self.port_file.write_text(str(port))
                 return url
             time.sleep(0.5)
-        raise SparkServerError(f"embedded Spark server at {url} did not answer a query in time ({last}); see {self.log_file}")
+        raise SparkServerError(
+            f"embedded Spark server at {url} did not answer a query in time ({last}); see {self.log_file}"
+        )
 
     def _exited(self, pid: int) -> SparkServerError | None:
         """None while `pid` runs as our server; else the error to raise (_PortClash if it could not bind)."""
@@ -368,11 +412,18 @@ class EmbeddedSpark(GroupOwner):
     def _probe(self, url: str, pid: int, deadline: float) -> tuple[bool, str]:
         """Run one query through a Spark Connect client in a subprocess (never in this process: a Connect
         session marks its whole process as remote): (it worked, why not). Gives up when the server exits."""
-        code = (f"from pyspark.sql import SparkSession as S; "
-                f"assert S.builder.remote({url!r}).getOrCreate().range(3).count() == 3")
+        code = (
+            f"from pyspark.sql import SparkSession as S; "
+            f"assert S.builder.remote({url!r}).getOrCreate().range(3).count() == 3"
+        )
         with tempfile.TemporaryFile() as err:
-            p = subprocess.Popen([sys.executable, "-c", code], env=_clean_env(), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=err)
+            p = subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=_clean_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
             try:
                 while p.poll() is None:
                     if self._exited(pid) is not None:
@@ -410,7 +461,11 @@ class EmbeddedSpark(GroupOwner):
         info = self._read_pid()
         if info is not None and self._is_ours(int(info["pid"])):
             self._kill_group(int(info["pgid"]), grace)
-        if self._proc is not None and (info is None or self._proc.pid != int(info["pid"])) and self._proc.poll() is None:
+        if (
+            self._proc is not None
+            and (info is None or self._proc.pid != int(info["pid"]))
+            and self._proc.poll() is None
+        ):
             self._kill_group(self._proc.pid, grace)
         if self._proc is not None:
             self._proc.poll()

@@ -28,46 +28,27 @@ WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
 WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (where a local session's spill files and JVM temporary files
 go, in a directory of the process's own removed at its exit or, after a kill, by the next local session;
 default <tmp>/wire-spark),
-WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting: spark-defaults.conf under
-SPARK_CONF_DIR, as for every Spark application.
+WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting:
+spark-defaults.conf under SPARK_CONF_DIR, as for every Spark application.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
 import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+from .errors import WireInputError
+from .sparkconf import LOOPBACK, check_master, driver_host, env_value, java_problem, local_cores, with_java_tmpdir
 
-
-def java_problem() -> str | None:
-    """None if a Java 17+ runtime is on PATH (or JAVA_HOME), else how to install one."""
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
-    if not java or not os.path.exists(java):
-        return "Java 17 is missing: install it with `sudo apt-get install -y openjdk-17-jre-headless`"
-    return None
-
-
-def _env(name: str) -> str | None:
-    """The variable's value, stripped; None when unset or empty (compose passes `VAR=` for 'unset')."""
-    v = os.environ.get(name, "").strip()
-    return v or None
-
-
-def check_master(master: str, what: str = "WIRE_SPARK_MASTER") -> str:
-    """`master` if it is a Spark master URL Wire accepts (local, local[*], local[N], spark://…, …), else a WireInputError."""
-    from .errors import WireInputError
-
-    if not re.fullmatch(r"local(\[(\*|\d+)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn", master):
-        raise WireInputError(f"{what}: expected local[*], local[N] or spark://host:port, got {master!r}")
-    return master
+if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
 
 
 def spark_target(master: str | None = None, remote: str | None = None) -> tuple[str, str]:
@@ -81,14 +62,14 @@ def spark_target(master: str | None = None, remote: str | None = None) -> tuple[
 
 def _resolve(master: str | None, remote: str | None) -> tuple[str, str, bool]:
     """spark_target's answer, and whether it is the embedded server (found, not configured)."""
-    from .errors import WireInputError
-
-    remote = (remote or "").strip() or _env("WIRE_SPARK_REMOTE")
+    remote = (remote or "").strip() or env_value("WIRE_SPARK_REMOTE")
     if remote:
         if not remote.startswith("sc://") or not urlsplit(remote).hostname:
-            raise WireInputError(f"WIRE_SPARK_REMOTE: expected a Spark Connect URL like sc://127.0.0.1:15002, got {remote!r}")
+            raise WireInputError(
+                f"WIRE_SPARK_REMOTE: expected a Spark Connect URL like sc://127.0.0.1:15002, got {remote!r}"
+            )
         return "remote", remote, False
-    master = (master or "").strip() or _env("WIRE_SPARK_MASTER")
+    master = (master or "").strip() or env_value("WIRE_SPARK_MASTER")
     if master is None:
         from .sparkserver import embedded_url
 
@@ -97,27 +78,6 @@ def _resolve(master: str | None, remote: str | None) -> tuple[str, str, bool]:
             return "remote", url, True
         master = "local[*]"
     return "master", check_master(master), False
-
-
-def _local_cores(master: str) -> int | None:
-    m = re.fullmatch(r"local\[(\d+)(,\d+)?\]", master)
-    if m:
-        return int(m.group(1))
-    return 1 if master == "local" else None
-
-
-def driver_host(master: str) -> str | None:
-    """The address executors use to reach the driver: loopback for local and loopback clusters."""
-    explicit = _env("WIRE_SPARK_DRIVER_HOST")
-    if explicit:
-        return explicit
-    if master.startswith("local"):
-        return "127.0.0.1"
-    if master.startswith("spark://"):
-        hosts = [urlsplit("spark://" + h).hostname or "" for h in master[len("spark://"):].split(",")]
-        if hosts and all(h in LOOPBACK or h.startswith("127.") for h in hosts):
-            return "127.0.0.1"
-    return None
 
 
 #: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
@@ -129,9 +89,7 @@ def single_task_rows() -> int:
     runs as one Spark task with no shuffle: a stage's fixed cost (scheduling, shuffle files, the
     hand-over to Python workers) outweighs parallelism for small epochs. WIRE_SINGLE_TASK_ROWS,
     default SINGLE_TASK_ROWS; 0 always distributes by key bucket."""
-    from .errors import WireInputError
-
-    raw = _env("WIRE_SINGLE_TASK_ROWS")
+    raw = env_value("WIRE_SINGLE_TASK_ROWS")
     if raw is None:
         return SINGLE_TASK_ROWS
     try:
@@ -176,21 +134,19 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         return active
     problem = java_problem()
     if problem:
-        from .errors import WireInputError
-
         raise WireInputError(problem)
     master = url
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    n = cores or _local_cores(master) or os.cpu_count() or 2
-    tmp = _env("WIRE_SPARK_LOCAL_DIR") or os.path.join(tempfile.gettempdir(), "wire-spark")
+    n = cores or local_cores(master) or os.cpu_count() or 2
+    tmp = env_value("WIRE_SPARK_LOCAL_DIR") or os.path.join(tempfile.gettempdir(), "wire-spark")
     os.makedirs(tmp, exist_ok=True)
     own = _jvm_tmpdir(tmp)  # the driver's spill files and the JVM's temporary files, this process's only
-    parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS") or str(max(2, n))
+    parts = env_value("WIRE_SPARK_SHUFFLE_PARTITIONS") or str(max(2, n))
     b = (
         SparkSession.builder.master(master)
         .appName(app)
-        .config("spark.ui.enabled", _env("WIRE_SPARK_UI") or "false")
+        .config("spark.ui.enabled", env_value("WIRE_SPARK_UI") or "false")
         .config("spark.sql.shuffle.partitions", parts)
         .config("spark.default.parallelism", parts)
         .config("spark.sql.session.timeZone", "UTC")
@@ -200,7 +156,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", _env("WIRE_SPARK_DRIVER_MEMORY") or "2g")
+        .config("spark.driver.memory", env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "WARN")
     )
@@ -209,7 +165,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         b = b.config("spark.driver.host", host)
         if host in LOOPBACK or host.startswith("127."):
             b = b.config("spark.driver.bindAddress", host)
-    mem = _env("WIRE_SPARK_EXECUTOR_MEMORY")
+    mem = env_value("WIRE_SPARK_EXECUTOR_MEMORY")
     if mem:
         b = b.config("spark.executor.memory", mem)
     # The JVM's temporary files go to that directory too, removed at this process's exit: a classic
@@ -227,12 +183,6 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
             os.environ.pop("SPARK_SUBMIT_OPTS", None)
         else:
             os.environ["SPARK_SUBMIT_OPTS"] = saved
-
-
-def with_java_tmpdir(submit_opts: str | None, path: str | os.PathLike) -> str:
-    """SPARK_SUBMIT_OPTS that also set the JVM's java.io.tmpdir to `path` (the launcher parses the
-    quotes; it puts these options before any spark.driver.*JavaOptions, which still win)."""
-    return f'{submit_opts or ""} -Djava.io.tmpdir="{path}"'.lstrip()
 
 
 def _jvm_tmpdir(root: str) -> str:
@@ -312,14 +262,16 @@ def _warm_task(batches):
     yield pa.RecordBatch.from_pydict({"ready": [True]})
 
 
-def _remote(url: str, app: str):
+def _remote(url: str, app: str) -> RemoteSession:
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.remote(url).appName(app).config("spark.sql.session.timeZone", "UTC")
-    parts = _env("WIRE_SPARK_SHUFFLE_PARTITIONS")
+    parts = env_value("WIRE_SPARK_SHUFFLE_PARTITIONS")
     if parts:
         b = b.config("spark.sql.shuffle.partitions", parts)
-    return b.getOrCreate()
+    # The classic builder hands a remote URL to Spark Connect's builder and casts its session to
+    # the classic type; undo that cast so that the Connect-only attributes type-check.
+    return cast("RemoteSession", b.getOrCreate())
 
 
 def _drop_default_remote() -> None:

@@ -1,0 +1,70 @@
+"""Spark settings read from the environment and checked, shared by the session factory
+(sparksession.py) and the embedded Spark Connect server (sparkserver.py), so that neither
+imports the other for them: sparksession uses sparkserver (to find the embedded server),
+sparkserver uses only this module.
+
+Standard library only (and errors.py): `sparksession.spark_target` runs on every session a
+run builds, and the CLI imports the server module to start and stop it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from urllib.parse import urlsplit
+
+from .errors import WireInputError
+
+#: Hosts that are this machine: a driver reached only through them binds to loopback too.
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def java_problem() -> str | None:
+    """None if a Java 17+ runtime is on PATH (or JAVA_HOME), else how to install one."""
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return "Java 17 is missing: install it with `sudo apt-get install -y openjdk-17-jre-headless`"
+    return None
+
+
+def env_value(name: str) -> str | None:
+    """The variable's value, stripped; None when unset or empty (compose passes `VAR=` for 'unset')."""
+    v = os.environ.get(name, "").strip()
+    return v or None
+
+
+def check_master(master: str, what: str = "WIRE_SPARK_MASTER") -> str:
+    """`master` if it is a Spark master URL Wire accepts (local, local[*], local[N], spark://…, …),
+    else a WireInputError."""
+    if not re.fullmatch(r"local(\[(\*|\d+)(,\d+)?\])?|(spark|k8s|mesos)://\S+|yarn", master):
+        raise WireInputError(f"{what}: expected local[*], local[N] or spark://host:port, got {master!r}")
+    return master
+
+
+def local_cores(master: str) -> int | None:
+    """The cores a `local[N]` / `local` master names; None for `local[*]` and any cluster."""
+    m = re.fullmatch(r"local\[(\d+)(,\d+)?\]", master)
+    if m:
+        return int(m.group(1))
+    return 1 if master == "local" else None
+
+
+def driver_host(master: str) -> str | None:
+    """The address executors use to reach the driver: loopback for local and loopback clusters."""
+    explicit = env_value("WIRE_SPARK_DRIVER_HOST")
+    if explicit:
+        return explicit
+    if master.startswith("local"):
+        return "127.0.0.1"
+    if master.startswith("spark://"):
+        hosts = [urlsplit("spark://" + h).hostname or "" for h in master[len("spark://") :].split(",")]
+        if hosts and all(h in LOOPBACK or h.startswith("127.") for h in hosts):
+            return "127.0.0.1"
+    return None
+
+
+def with_java_tmpdir(submit_opts: str | None, path: str | os.PathLike[str]) -> str:
+    """SPARK_SUBMIT_OPTS that also set the JVM's java.io.tmpdir to `path` (the launcher parses the
+    quotes; it puts these options before any spark.driver.*JavaOptions, which still win)."""
+    return f'{submit_opts or ""} -Djava.io.tmpdir="{path}"'.lstrip()

@@ -42,7 +42,9 @@ def timeline(cp: Checkpoints, latest: Manifest) -> list[Step]:
         ) from None
 
 
-def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> dict[str, dict[int, pa.Table | None]]:
+def recompute(
+    store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None
+) -> dict[str, dict[int, pa.Table | None]]:
     """The content of `partitions` for every window, rebuilt by replaying the timeline."""
     cp = Checkpoints(store, spec.name)
     latest = cp.latest()
@@ -67,10 +69,10 @@ def recompute(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], 
             rows = res.windows[w.name].outputs
             if rows.num_rows:
                 ps = partition_starts(spec, rows["window_end"])
-                mine = pc.is_in(ps, value_set=wanted)
+                mine = pc.is_in(ps, value_set=wanted)  # pyright: ignore[reportAttributeAccessIssue]  generated at import
                 rows, ps = rows.filter(mine), ps.filter(mine)
-                for p in pc.unique(ps).to_pylist():  # only the partitions this epoch touched
-                    sel = rows.filter(pc.equal(ps, p))
+                for p in ps.unique().to_pylist():  # only the partitions this epoch touched
+                    sel = rows.filter(pc.equal(ps, p))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
                     contents[w.name][p] = apply_changes(contents[w.name][p], sel)
             state[w.name] = res.windows[w.name].state
         ids = res.ids
@@ -100,7 +102,9 @@ def select_partitions(store: ObjectStore, spec: Pipeline, lo: int | None = None,
         held = [p for p in held if p < hi]
     if not held:
         if m is None:
-            raise WireInputError(f"backfill {spec.name}: nothing is committed yet; run `wire tick --pipeline {spec.name}` first")
+            raise WireInputError(
+                f"backfill {spec.name}: nothing is committed yet; run `wire tick --pipeline {spec.name}` first"
+            )
         span = f"[{iso(lo) if lo is not None else '-inf'}, {iso(hi) if hi is not None else '+inf'})"
         raise WireInputError(f"backfill {spec.name}: no partition with committed results in {span}")
     return list(range(held[0], held[-1] + spec.partition, spec.partition))

@@ -34,7 +34,12 @@ def demo_batches(seed: int = 7) -> list[tuple[str, list[str]]]:
         nonlocal n
         n += 1
         return json.dumps(
-            {"event_id": eid or f"e{n}", "user_id": user or rng.choice(USERS), "ts": t, "amount": round(rng.uniform(1, 50), 2)}
+            {
+                "event_id": eid or f"e{n}",
+                "user_id": user or rng.choice(USERS),
+                "ts": t,
+                "amount": round(rng.uniform(1, 50), 2),
+            }
         )
 
     def span(lo_s: int, hi_s: int, step_ms: int) -> list[str]:
@@ -46,7 +51,11 @@ def demo_batches(seed: int = 7) -> list[tuple[str, list[str]]]:
     b1 = span(0, 330, 1500)
     dup = b1[10]  # a producer retry: the same event again
     b2 = span(330, 660, 1500) + [dup, dup]
-    b2 += ["{not json", '{"user_id": "ada", "ts": "2026-01-01T00:06:00", "amount": 3}', '{"user_id": "bob", "amount": 1}']
+    b2 += [
+        "{not json",
+        '{"user_id": "ada", "ts": "2026-01-01T00:06:00", "amount": 3}',
+        '{"user_id": "bob", "amount": 1}',
+    ]
     # Segment 0 holds the stream watermark at ~00:05:25 until batch 3 arrives in it.
     # 00:05:10 is behind W but its minute window [00:05, 00:06) has not fired: counted.
     # 00:02:00 is behind W by 3 min: past the 30 s lateness of its minute window
@@ -83,8 +92,13 @@ def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
     store = ObjectStore(cfg)
     store.ensure_bucket()
     spec = find_pipeline("clicks", pipelines)
-    store.delete_many(i.key for prefix in (f"streams/{spec.stream}/", f"pipelines/{spec.name}/") for i in store.list(prefix))
-    console.print(f"[bold]Wire demo[/bold]: pipeline {spec.name} on {cfg.endpoint} bucket {cfg.bucket}; Dagster home {os.environ['DAGSTER_HOME']}")
+    store.delete_many(
+        i.key for prefix in (f"streams/{spec.stream}/", f"pipelines/{spec.name}/") for i in store.list(prefix)
+    )
+    console.print(
+        f"[bold]Wire demo[/bold]: pipeline {spec.name} on {cfg.endpoint} bucket {cfg.bucket}; "
+        f"Dagster home {os.environ['DAGSTER_HOME']}"
+    )
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i, (segment, lines) in enumerate(demo_batches(seed), 1):
@@ -94,7 +108,10 @@ def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
                 console.print(f"batch {i}: {rep.events} events to segment {segment}, {rep.malformed} malformed")
                 runs = tick(spec)
                 st = pipeline_status(store, spec)
-                console.print(f"  tick: {len(runs)} runs ({', '.join(r['status'] for r in runs) or '-'}); W = {st['watermark']}, epoch {st['epoch']}")
+                console.print(
+                    f"  tick: {len(runs)} runs ({', '.join(r['status'] for r in runs) or '-'}); "
+                    f"W = {st['watermark']}, epoch {st['epoch']}"
+                )
             close_stream(store, spec)
             runs = tick(spec)
             st = pipeline_status(store, spec)
@@ -114,12 +131,21 @@ def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
         tab = Table(title=f"dead letters ({len(dl)})")
         for c in ("reason", "window", "segment", "chunk", "row", "record"):
             widths = {"reason": 30, "window": 18, "record": 40}
-            tab.add_column(c, overflow="ellipsis", no_wrap=True, max_width=widths.get(c), min_width=3 if c in ("chunk", "row") else None)
+            tab.add_column(
+                c,
+                overflow="ellipsis",
+                no_wrap=True,
+                max_width=widths.get(c),
+                min_width=3 if c in ("chunk", "row") else None,
+            )
         for d in dl[:20]:
             tab.add_row(*[str(d.get(c)) for c in ("reason", "window", "segment", "chunk", "row", "record")])
         console.print(tab)
         tot = st["totals"]
-        console.print(f"conservation: in={tot['events_in']} counted={tot['counted']} late={tot['late']} duplicate={tot['duplicate']} malformed={tot['malformed']} balanced={st['balanced']}")
+        console.print(
+            f"conservation: in={tot['events_in']} counted={tot['counted']} late={tot['late']} "
+            f"duplicate={tot['duplicate']} malformed={tot['malformed']} balanced={st['balanced']}"
+        )
         console.print(
             "\nOpen the UI on these runs:\n"
             f"  WIRE_S3_BUCKET={cfg.bucket} DAGSTER_HOME={os.environ['DAGSTER_HOME']} .venv/bin/wire dev\n"

@@ -34,10 +34,7 @@ from pathlib import Path
 
 from .errors import ObjectStoreError, WireInputError
 from .objectstore import ObjectStore, S3Config
-from .procgroup import (
-    GroupOwner,
-    default_home,  # noqa: F401 - re-exported: callers import it from here
-)
+from .procgroup import GroupOwner, default_home  # callers import default_home from here too
 from .procgroup import pid_alive as _pid_alive
 
 HOST = "127.0.0.1"
@@ -162,7 +159,7 @@ class EmbeddedS3(GroupOwner):
     def _read_pid(self) -> dict | None:
         try:
             info = json.loads(self.pid_file.read_text())
-            int(info["pid"]), int(info["pgid"]), str(info["endpoint"])
+            _ = int(info["pid"]), int(info["pgid"]), str(info["endpoint"])  # each field there, of its type
             return info
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
@@ -210,9 +207,7 @@ class EmbeddedS3(GroupOwner):
                 if self._is_ours(int(info["pid"])):
                     cfg = self._config(info["endpoint"])
                     try:
-                        self._wait_ready(
-                            cfg, time.monotonic() + timeout, pid=int(info["pid"]), ports=info.get("ports")
-                        )
+                        self._wait_ready(cfg, time.monotonic() + timeout, pid=int(info["pid"]), ports=info.get("ports"))
                     except _Gone:  # it was dying: let it finish, then start a fresh one below
                         self._wait_group_gone(int(info["pgid"]), 10)
                     else:
@@ -408,7 +403,9 @@ def resolve_s3(home: Path | None = None, *, start: bool = True) -> S3Config:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m wire_dagster.embedded start|stop|status [--home DIR]`; prints the endpoint, never the secret."""
-    parser = argparse.ArgumentParser(prog="python -m wire_dagster.embedded", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m wire_dagster.embedded", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument("--home", type=Path, default=None, help="Wire home (default: WIRE_HOME or .wire)")
     parser.add_argument("--bucket", default=os.environ.get("WIRE_S3_BUCKET", "").strip() or "wire")

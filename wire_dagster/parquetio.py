@@ -25,8 +25,13 @@ import pyarrow.parquet as pq
 
 
 def _dictionary(t: pa.DataType) -> bool:
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or pa.types.is_dictionary(t))
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_dictionary(t)
+    )
 
 
 def parquet_bytes(table: pa.Table, distinct: Collection[str] = ()) -> bytes:
@@ -35,8 +40,17 @@ def parquet_bytes(table: pa.Table, distinct: Collection[str] = ()) -> bytes:
     fields = list(table.schema)
     dictionary = [f.name for f in fields if _dictionary(f.type) and f.name not in distinct]
     delta = {f.name: "DELTA_BINARY_PACKED" for f in fields if pa.types.is_integer(f.type)}
-    delta |= {f.name: "DELTA_LENGTH_BYTE_ARRAY" for f in fields if f.name in distinct and _dictionary(f.type)
-              and not pa.types.is_dictionary(f.type)}
+    delta |= {
+        f.name: "DELTA_LENGTH_BYTE_ARRAY"
+        for f in fields
+        if f.name in distinct and _dictionary(f.type) and not pa.types.is_dictionary(f.type)
+    }
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary or False, column_encoding=delta or None)
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        use_dictionary=dictionary or False,  # pyright: ignore[reportArgumentType]  untyped: "bool or list" (its docs)
+        column_encoding=delta or None,
+    )
     return sink.getvalue().to_pybytes()

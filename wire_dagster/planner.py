@@ -67,8 +67,13 @@ class RunSpan:
 
 def _span(rs: list[Request]) -> RunSpan:
     first_epoch, last_epoch = min(r.epoch for r in rs), max(r.epoch for r in rs)
-    return RunSpan(first_epoch, min(r.partition for r in rs), max(r.partition for r in rs),
-                   tuple(sorted({r.reason for r in rs})), last_epoch if last_epoch != first_epoch else None)
+    return RunSpan(
+        first_epoch,
+        min(r.partition for r in rs),
+        max(r.partition for r in rs),
+        tuple(sorted({r.reason for r in rs})),
+        last_epoch if last_epoch != first_epoch else None,
+    )
 
 
 def spans(requests: list[Request], pending_from: int | None = None) -> list[RunSpan]:
@@ -171,7 +176,7 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
     for n in range(seen + 1, committed + 1):
         if cp.marker(n) is None:
             continue
-        m = cp.load(n) if n != committed else latest
+        m = latest if latest is not None and n == latest.epoch else cp.load(n)
         # A run is for a ready partition: a window that fired into a partition whose end W
         # has not reached yet is reported once the partition is ready.
         ready = {p for parts in m.changed.values() for p in parts if m.watermark >= p + spec.partition}
@@ -205,15 +210,21 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         _request_epoch(spec, reqs, nxt, w, clock, taken, bool(n_taken) or bool(replay))
         predicted = clock.watermark
         w, segs, offsets, replay = clock.watermark, clock.segments, clock.remap, replay[1:]
-        views = {s: SegmentView(s, [c for c in v.chunks if c.seq >= offsets.get(s, 0)], v.sealed_at) for s, v in views.items()}
+        views = {
+            s: SegmentView(s, [c for c in v.chunks if c.seq >= offsets.get(s, 0)], v.sealed_at)
+            for s, v in views.items()
+        }
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
     # The cursor: the last committed epoch (it moves only with commits), and the backlog run
     # requested now, whose epochs the next evaluations then need not request again once committed.
     state: dict = {"epoch": committed}
     backlog = [r for r in ordered if r.epoch > committed]
     if backlog:
-        state["planned"] = {"to": max(r.epoch for r in backlog),
-                            "first": min(r.partition for r in backlog), "last": max(r.partition for r in backlog)}
+        state["planned"] = {
+            "to": max(r.epoch for r in backlog),
+            "first": min(r.partition for r in backlog),
+            "last": max(r.partition for r in backlog),
+        }
     return Plan(ordered, json.dumps(state), committed, latest.watermark if latest else NEG_INF, predicted, pending)
 
 

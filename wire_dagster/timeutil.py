@@ -8,7 +8,7 @@ No naive datetimes: a time without a zone is refused.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from .errors import WireInputError
 
@@ -18,7 +18,7 @@ INF = 2**62
 #: -infinity for a watermark that has seen nothing yet.
 NEG_INF = -(2**62)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 
@@ -35,9 +35,7 @@ def parse_duration(value: object, field: str) -> int:
         m = _DURATION.match(value)
         if m:
             return int(m.group(1)) * _UNITS[m.group(2)]
-    raise WireInputError(
-        f"{field}: bad duration {value!r}; use an integer with a unit: ms, s, m, h or d (e.g. 30s)"
-    )
+    raise WireInputError(f"{field}: bad duration {value!r}; use an integer with a unit: ms, s, m, h or d (e.g. 30s)")
 
 
 def format_duration(ms: int) -> str:
@@ -57,7 +55,7 @@ def parse_iso(text: str, assume_utc: bool = False) -> int:
     if dt.tzinfo is None:
         if not assume_utc:
             raise ValueError("naive time (no zone)")
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
@@ -67,10 +65,10 @@ def iso(ms: int) -> str:
         return "+inf"
     if ms <= NEG_INF:
         return "-inf"
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def now_ms() -> int:
     """Processing time: used for idleness, timeouts and metrics only, never for results."""
-    return int(datetime.now(tz=timezone.utc).timestamp() * 1000)
+    return int(datetime.now(tz=UTC).timestamp() * 1000)

@@ -107,7 +107,11 @@ def advance(
         for s, c in segs.items():
             if c.fully_sealed:
                 decisions[s] = "sealed"
-            elif not taken.get(s) and now - c.last_ingest >= spec.idle_timeout and not views.get(s, SegmentView(s, [], None)).chunks:
+            elif (
+                not taken.get(s)
+                and now - c.last_ingest >= spec.idle_timeout
+                and not views.get(s, SegmentView(s, [], None)).chunks
+            ):
                 decisions[s] = "idle"
             else:
                 decisions[s] = "active"

@@ -25,6 +25,9 @@ def pipelines_directory() -> Path:
 
 
 def build_definitions(directory: Path | None = None, pipelines: list[Pipeline] | None = None) -> dg.Definitions:
+    """The definitions of `pipelines`, else of the pipeline files in `directory` (or the one file
+    it names: `wire tick --pipeline ./x.yaml`), else of WIRE_PIPELINES. Two files declaring one
+    pipeline name are refused with a WireInputError naming both (not Dagster's duplicate asset key)."""
     specs = pipelines if pipelines is not None else load_all(directory or pipelines_directory())
     assets, jobs, sensors, schedules = [], [], [], []
     for spec in specs:

@@ -53,6 +53,30 @@ def _spec(name: str):
     return find_pipeline(name, project_pipelines())
 
 
+def _definitions_of(spec) -> Path:
+    """What `wire tick` and `wire backfill` build the Dagster definitions from: the pipeline's own
+    file (`--pipeline` named it, or it is the one file in WIRE_PIPELINES declaring the name), so a
+    file outside WIRE_PIPELINES ticks too."""
+    return Path(spec.source) if spec.source else project_pipelines()
+
+
+def _check_output(path: Path | None, flag: str) -> None:
+    """A file an option writes: it is not a directory, and its directory exists and is writable
+    (nothing is created outside it). Checked before any work, so a bad path costs nothing."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise WireInputError(f"{flag}: {path} is a directory; give a file name in it")
+    parent = path.parent
+    if not parent.is_dir():
+        existing = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise WireInputError(f"{flag}: {existing} is a file, not a directory")
+        raise WireInputError(f"{flag}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WireInputError(f"{flag}: directory {parent} is not writable")
+
+
 def _store():
     from .embedded import resolve_s3
     from .objectstore import ObjectStore
@@ -165,7 +189,7 @@ def _tick(spec) -> list[dict]:
             prog.update(task, completed=done, total=total)
 
         # Messages go through the progress bar's console (stderr), above the bar.
-        return do_tick(spec, pipelines=project_pipelines(), console=prog.console, progress=cb)
+        return do_tick(spec, pipelines=_definitions_of(spec), console=prog.console, progress=cb)
 
 
 def _parse_time(value: str | None, flag: str) -> int | None:
@@ -236,7 +260,7 @@ def _backfill(spec, parts: list[int]) -> dict:
         def cb(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)
 
-        return do_backfill(spec, pipelines=project_pipelines(), partitions=parts, console=prog.console, progress=cb)
+        return do_backfill(spec, pipelines=_definitions_of(spec), partitions=parts, console=prog.console, progress=cb)
 
 
 def _results_table(spec, window: str):
@@ -283,13 +307,22 @@ def read(
     """The committed results of a window: key, window_start, window_end, one column per aggregate."""
     import pyarrow.parquet as pq
 
+    from .status import written_atomically
+
     spec = _spec(pipeline)
     spec.window(window)
+    if output is not None and format != Fmt.parquet:
+        raise WireInputError(f"--output: only with --format parquet ({format.value} goes to stdout)")
+    _check_output(output, "--output")
+    if format == Fmt.parquet and output is None and sys.stdout.isatty():
+        raise WireInputError("--format parquet: give --output FILE or redirect stdout to a file")
     t = _results_table(spec, window)
     if format == Fmt.parquet:
-        if output is None and sys.stdout.isatty():
-            raise WireInputError("--format parquet: give --output FILE or redirect stdout to a file")
-        pq.write_table(t, str(output) if output else sys.stdout.buffer)
+        if output is None:
+            pq.write_table(t, sys.stdout.buffer)
+            return
+        with written_atomically(output) as tmp:
+            pq.write_table(t, str(tmp))
         return
     _print_rows(t.to_pylist(), t.column_names, format, f"{spec.name}/{window}")
 
@@ -316,6 +349,7 @@ def status(
     from .status import pipeline_status, plot_watermarks
 
     spec = _spec(pipeline)
+    _check_output(plot, "--plot")
     store = _store()
     st = pipeline_status(store, spec)
     if plot:
@@ -350,14 +384,19 @@ def rewind(pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", h
 
 
 @app.command()
-def gc(pipeline: str = PIPELINE, keep: int = typer.Option(10, help="Committed epochs to keep."), grace: float = typer.Option(600, help="Seconds before uncommitted staging is collected.")):
+def gc(
+    pipeline: str = PIPELINE,
+    keep: int = typer.Option(None, help="Committed epochs to keep (default: WIRE_KEEP_EPOCHS, else the pipeline's dagster.keep_epochs, 10)."),
+    grace: float = typer.Option(600, help="Seconds before uncommitted staging is collected."),
+):
     """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names)."""
     from .checkpoint import Checkpoints
+    from .engine import keep_epochs_setting
 
     spec = _spec(pipeline)
-    if keep < 1:
+    if keep is not None and keep < 1:
         raise WireInputError("--keep: must be >= 1")
-    res = Checkpoints(_store(), spec.name).gc(keep=keep, grace_s=grace)
+    res = Checkpoints(_store(), spec.name).gc(keep=keep_epochs_setting(spec, keep), grace_s=grace)
     out.print(f"deleted {res['epochs']} epochs and {res['files']} files")
 
 
@@ -365,7 +404,9 @@ def gc(pipeline: str = PIPELINE, keep: int = typer.Option(10, help="Committed ep
 def dev(port: int = typer.Option(3000, help="Dagster webserver port.")):
     """The embedded S3 and Spark Connect servers plus `dagster dev` with the example pipelines (Ctrl-C stops them)."""
     from .devstack import run_dev
+    from .spec import load_all
 
+    load_all(project_pipelines())  # what the code location will load: a bad file or a duplicate name exits 2 here
     raise typer.Exit(run_dev(port=port, pipelines=project_pipelines()))
 
 

@@ -129,11 +129,11 @@ def process(
     Restart-safe: it starts from the last committed epoch, repairs published output
     that differs from it, and ignores every uncommitted attempt. Once the epochs are
     committed, the partitions they changed are published and garbage collection keeps
-    the last `keep_epochs` committed epochs (default: WIRE_KEEP_EPOCHS, else 10) — once
+    the last `keep_epochs` committed epochs (default: `keep_epochs_setting`) — once
     per call, not per epoch: a backlog's intermediate outputs are never published (if
     the call fails half-way, the next one's self-correction publishes what is committed).
     """
-    keep_epochs = keep_epochs_setting(keep_epochs)
+    keep_epochs = keep_epochs_setting(spec, keep_epochs)
     cp = Checkpoints(store, spec.name)
     prev = cp.latest()
     out = Outcome(manifest=prev)
@@ -266,9 +266,10 @@ def _count_setting(name: str, value: int | None, default: int) -> int:
     return n
 
 
-def keep_epochs_setting(value: int | None = None) -> int:
-    """Committed epochs garbage collection keeps: `value`, else WIRE_KEEP_EPOCHS, else 10."""
-    return _count_setting("WIRE_KEEP_EPOCHS", value, 10)
+def keep_epochs_setting(spec: Pipeline, value: int | None = None) -> int:
+    """Committed epochs garbage collection keeps: `value` (a caller's explicit count, `wire gc
+    --keep`), else WIRE_KEEP_EPOCHS, else the pipeline's `dagster.keep_epochs` (default 10)."""
+    return _count_setting("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
 
 
 def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:

@@ -363,7 +363,8 @@ def pipelines_dir(default: str | None = None) -> Path:
 
 
 def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
-    """`--pipeline P`: a path to a YAML file, or a pipeline name looked up in WIRE_PIPELINES."""
+    """`--pipeline P`: a path to a YAML file, or a pipeline name looked up in WIRE_PIPELINES
+    (a file there that does not load is passed over; two that declare the name are refused)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.is_file():
@@ -371,16 +372,38 @@ def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
         return load_pipeline(p)
     check_name(name_or_path, "--pipeline")
     d = directory or pipelines_dir()
-    for cand in sorted(d.glob("*.y*ml")) if d.is_dir() else []:
+    found = []
+    for cand in _pipeline_files(d):
         try:
             spec = load_pipeline(cand)
         except WireInputError:
             continue
         if spec.name == name_or_path:
-            return spec
-    raise WireInputError(f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES")
+            found.append(spec)
+    if not found:
+        raise WireInputError(f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES")
+    return _unique(found)[0]
 
 
-def load_all(directory: Path) -> list[Pipeline]:
-    """Every pipeline file in a directory; a bad file raises (the code location must not hide it)."""
-    return [load_pipeline(p) for p in sorted(directory.glob("*.y*ml"))]
+def load_all(path: Path) -> list[Pipeline]:
+    """Every pipeline file in a directory, or the one file `path` names; a bad file raises (the
+    code location must not hide it), and so do two files that declare the same pipeline name."""
+    path = Path(path)
+    return _unique([load_pipeline(p) for p in ([path] if path.is_file() else _pipeline_files(path))])
+
+
+def _pipeline_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.y*ml")) if directory.is_dir() else []
+
+
+def _unique(specs: list[Pipeline]) -> list[Pipeline]:
+    """`specs`, unless two of them (two files) declare one pipeline name: a name is the pipeline's
+    prefix in the store and its assets' key, so neither file can be chosen silently."""
+    first: dict[str, Pipeline] = {}
+    for s in specs:
+        other = first.setdefault(s.name, s)
+        if other is not s:
+            raise WireInputError(
+                f"pipeline {s.name!r} is declared by two files, {other.source} and {s.source}; give each pipeline a unique name"
+            )
+    return specs

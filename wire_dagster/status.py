@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .checkpoint import Checkpoints, Manifest
@@ -144,13 +146,26 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool 
         ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside and renamed: a concurrent run never reads half a chart.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png", metadata={"wire-key": key})
-    plt.close(fig)
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the assets' chart directory; `wire status --plot` checked its own
+    try:
+        with written_atomically(path) as tmp:
+            fig.savefig(tmp, format="png", metadata={"wire-key": key})
+    finally:
+        plt.close(fig)
     return path
+
+
+@contextmanager
+def written_atomically(path: Path) -> Iterator[Path]:
+    """A temporary file beside `path` for the caller to write, renamed to `path` once the block
+    ends: a reader (a concurrent run, an engine reading `wire read -o`) never sees half a file,
+    and a failed write leaves nothing. The directory must exist."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 EMPTY_VERSION = "empty"

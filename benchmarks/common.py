@@ -15,7 +15,8 @@ from typing import Self
 
 @contextlib.contextmanager
 def bench_store(tmp: Path) -> Iterator:
-    """An ObjectStore on a fresh bucket: WIRE_S3_* when set, else an embedded S3 server in `tmp` (stopped at the end)."""
+    """An ObjectStore on a fresh bucket: WIRE_S3_* when set, else an embedded S3 server in `tmp`
+    (stopped at the end)."""
     from wire_dagster.embedded import EmbeddedS3
     from wire_dagster.objectstore import ObjectStore, S3Config
 
@@ -72,7 +73,9 @@ class TreeRss:
     def _run(self) -> None:
         while not self._stop.is_set():
             s = self.sample()
-            self.peak = Peak(max(self.peak.driver, s.driver), max(self.peak.spark, s.spark), max(self.peak.total, s.total))
+            self.peak = Peak(
+                max(self.peak.driver, s.driver), max(self.peak.spark, s.spark), max(self.peak.total, s.total)
+            )
             self._stop.wait(self.interval)
 
     def cpu_by_kind(self) -> dict[str, float]:

@@ -22,8 +22,9 @@ and says where if they differ):
 
 Memory is the peak RSS of each side's process tree (psutil, sampled every 100 ms: the Python
 process, its Spark JVM and Python workers); the S3 server is reported apart. The report (Markdown)
-goes to stdout and to benchmarks/results/compare-<date>.md (compare-<date>-<HHMM>.md if that exists). See BENCHMARKS.md for the choices
-(watermarks, budgets, partitions) and how to read the figures.
+goes to stdout and to benchmarks/results/compare-<date>.md (compare-<date>-<HHMM>.md if that
+exists). See BENCHMARKS.md for the choices (watermarks, budgets, partitions) and how to read the
+figures.
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Peak, TreeRss, bench_store, cpu_count, mb, md_table
 from nexmark import (
     PIPELINE_START,
@@ -61,6 +61,13 @@ from nexmark import (
 )
 from peers import QUERIES, Query, counted_bids, diff, normalize, read_spark_output
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from wire_dagster.objectstore import S3Config
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 WIRE = str(Path(sys.executable).parent / "wire")
 CMD_TIMEOUT = 3600  # seconds, per command (a 10 M tick on 2 cores is long, but must end)
 MAX_TICKS = 12
@@ -190,7 +197,9 @@ class Measured:
     t_end: float
 
 
-def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pids: list[int], timeout: float = CMD_TIMEOUT) -> Measured:
+def run_measured(
+    cmd: list[str], env: dict[str, str], tmp: Path, server_pids: list[int], timeout: float = CMD_TIMEOUT
+) -> Measured:
     """Run `cmd` in its own process group; wall, CPU (rusage, plus what the servers in `server_pids`
     spent meanwhile), peak tree RSS; fail loudly on a non-zero exit."""
     out_f, err_f = tmp / f"cmd-{uuid.uuid4().hex[:8]}.out", tmp / f"cmd-{uuid.uuid4().hex[:8]}.err"
@@ -229,8 +238,9 @@ def run_measured(cmd: list[str], env: dict[str, str], tmp: Path, server_pids: li
     if p.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} exited {p.returncode}:\n{stderr.strip()[-3000:]}")
     cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values()) + mem.servers_cpu()
-    return Measured(cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak,
-                    stdout, stderr, t_start, time.time())
+    return Measured(
+        cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak, stdout, stderr, t_start, time.time()
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -295,8 +305,13 @@ def pipeline_dict(q: Query, cfg: Config, st: Settings) -> dict:
 def side_pipeline(name: str, key: str, cfg: Config) -> dict:
     """persons / auctions: pipelines only so that their streams can be produced (no query reads them)."""
     return {
-        "name": name, "stream": name, "event": {"time": "date_time", "key": key, "id": "id"},
-        "watermark": {"max_out_of_orderness": "4s"}, "partition": "1m", "start": PIPELINE_START, "end": event_time_end(cfg),
+        "name": name,
+        "stream": name,
+        "event": {"time": "date_time", "key": key, "id": "id"},
+        "watermark": {"max_out_of_orderness": "4s"},
+        "partition": "1m",
+        "start": PIPELINE_START,
+        "end": event_time_end(cfg),
         "limits": {"chunk_rows": cfg.chunk_rows},
         "windows": [{"name": "per_10s", "type": "tumbling", "size": "10s", "aggregates": {"n": "count"}}],
     }
@@ -308,37 +323,40 @@ def side_pipeline(name: str, key: str, cfg: Config) -> dict:
 
 @dataclass
 class WireRun:
+    # close, read and result are set by run_wire, the only maker, before it returns the run.
     produce: list[Measured] = field(default_factory=list)
-    close: Measured | None = None
+    close: Measured = field(init=False)
     ticks: list[Measured] = field(default_factory=list)
     final_tick: Measured | None = None  # the one that requested nothing (confirmation)
-    read: Measured | None = None
+    read: Measured = field(init=False)
     status: dict = field(default_factory=dict)
-    result: object = None  # pa.Table (NORMAL)
+    result: pa.Table = field(init=False)  # NORMAL
     breakdown: list[dict] = field(default_factory=list)  # per tick
 
     @property
     def e2e(self) -> float:
-        return sum(m.wall for m in self.produce) + (self.close.wall if self.close else 0) + sum(m.wall for m in self.ticks)
+        return sum(m.wall for m in self.produce) + self.close.wall + sum(m.wall for m in self.ticks)
 
     @property
     def cpu(self) -> float:
-        return sum(m.cpu for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+        return sum(m.cpu for m in [*self.produce, self.close, *self.ticks])
 
     @property
     def peak(self) -> int:
-        return max(m.peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+        return max(m.peak for m in [*self.produce, self.close, *self.ticks])
 
     @property
     def server_peak(self) -> int:
-        return max(m.server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+        return max(m.server_peak for m in [*self.produce, self.close, *self.ticks])
 
     @property
     def with_server_peak(self) -> int:
-        return max(m.with_server_peak for m in self.produce + ([self.close] if self.close else []) + self.ticks)
+        return max(m.with_server_peak for m in [*self.produce, self.close, *self.ticks])
 
 
-def run_wire(q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log) -> WireRun:
+def run_wire(
+    q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log
+) -> WireRun:
     import pyarrow.parquet as pq
 
     r = WireRun()
@@ -346,10 +364,13 @@ def run_wire(q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str
     args = [a for f, s in files if f.exists() for a in ("--file", str(f), "--segment", str(s))]
     # One command for every segment's file (as a user with several files runs it); --produce-per-segment
     # runs one process per segment (what the reports before 2026-11-24 06:30 measured).
-    cmds = [args[i:i + 4] for i in range(0, len(args), 4)] if st.produce_per_segment else [args]
+    cmds = [args[i : i + 4] for i in range(0, len(args), 4)] if st.produce_per_segment else [args]
     for a in cmds:
         r.produce.append(run_measured([WIRE, "produce", "--pipeline", q.name, *a], env, tmp, server_pids))
-    log(f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(args) // 4} segments, {len(r.produce)} processes)")
+    log(
+        f"  wire produce: {sum(m.wall for m in r.produce):.1f} s ({len(args) // 4} segments, {len(r.produce)} "
+        "processes)"
+    )
     r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pids)
     for _ in range(MAX_TICKS):
         m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pids)
@@ -364,24 +385,28 @@ def run_wire(q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str
     else:
         raise SystemExit(f"wire tick --pipeline {q.name}: still requesting runs after {MAX_TICKS} ticks")
     out = tmp / f"wire-{q.name}.parquet"
-    r.read = run_measured([WIRE, "read", "--pipeline", q.name, "--window", q.window_name, "--format", "parquet", "-o", str(out)],
-                          env, tmp, server_pids)
+    r.read = run_measured(
+        [WIRE, "read", "--pipeline", q.name, "--window", q.window_name, "--format", "parquet", "-o", str(out)],
+        env,
+        tmp,
+        server_pids,
+    )
     r.result = normalize(pq.read_table(out), q.column)
-    st = run_measured([WIRE, "status", "--pipeline", q.name, "--json"], env, tmp, server_pids)
-    r.status = json.loads(st.stdout)
+    status = run_measured([WIRE, "status", "--pipeline", q.name, "--json"], env, tmp, server_pids)
+    r.status = json.loads(status.stdout)
     return r
 
 
-def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_env: dict[str, str]) -> list[dict]:
+def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_cfg: S3Config) -> list[dict]:
     """Where each tick's time went, from the Dagster instance's run records and event logs and the
     committed manifests (their creation times)."""
     import dagster as dg
 
     from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.objectstore import ObjectStore, S3Config
+    from wire_dagster.objectstore import ObjectStore
 
     inst = dg.DagsterInstance.from_config(str(dagster_home))
-    store = ObjectStore(S3Config.from_env(store_env))
+    store = ObjectStore(store_cfg)
     cp = Checkpoints(store, q.name)
     created = {}
     for n in cp.committed():
@@ -392,7 +417,8 @@ def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_env: dict[str
     for i, tick in enumerate(r.ticks):
         mine = sorted(
             (st.start_time, st.end_time or st.start_time, rid)
-            for rid, st in stats.items() if st.start_time and tick.t_start <= st.start_time <= tick.t_end
+            for rid, st in stats.items()
+            if st.start_time and tick.t_start <= st.start_time <= tick.t_end
         )
         per_run = []  # (wall, epochs, before first epoch, first epoch -> last commit)
         for s, e, rid in mine:
@@ -417,20 +443,22 @@ def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_env: dict[str
         first_is_rep = bool(per_run) and not per_run[0][1]
         rest = rep[1:] if first_is_rep else rep
         run_s = sum(x[0] for x in per_run)
-        rows.append({
-            "tick": i + 1,
-            "wall": tick.wall,
-            "runs": len(per_run),
-            "run_s": run_s,
-            "epochs": sum(x[1] for x in proc),
-            "epochs_s": sum(x[3] for x in proc),
-            "before_first_epoch_s": sum(x[2] for x in proc),
-            "proc_after_s": sum(x[0] - x[2] - x[3] for x in proc),
-            "first_report_run_s": rep[0][0] if first_is_rep else None,
-            "report_runs": len(rest),
-            "report_runs_s": sum(x[0] for x in rest),
-            "outside_runs_s": tick.wall - run_s,
-        })
+        rows.append(
+            {
+                "tick": i + 1,
+                "wall": tick.wall,
+                "runs": len(per_run),
+                "run_s": run_s,
+                "epochs": sum(x[1] for x in proc),
+                "epochs_s": sum(x[3] for x in proc),
+                "before_first_epoch_s": sum(x[2] for x in proc),
+                "proc_after_s": sum(x[0] - x[2] - x[3] for x in proc),
+                "first_report_run_s": rep[0][0] if first_is_rep else None,
+                "report_runs": len(rest),
+                "report_runs_s": sum(x[0] for x in rest),
+                "outside_runs_s": tick.wall - run_s,
+            }
+        )
     return rows
 
 
@@ -444,7 +472,7 @@ class PeerRun:
     cpu: float
     peak: int
     info: dict
-    result: object = None
+    result: pa.Table  # NORMAL
 
 
 def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp: Path, warm: bool) -> PeerRun:
@@ -453,8 +481,23 @@ def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp:
     first run's result must equal the cold run's too)."""
 
     def cmd(out: Path, warm_run: bool) -> list[str]:
-        c = [sys.executable, str(HERE / "peers.py"), "spark", "--query", q.name, "--src", str(data / "bids"), "--out", str(out),
-             "--delay-ms", str(st.spark_delay_ms), "--max-files", str(st.epoch_chunks), "--master", st.master]
+        c = [
+            sys.executable,
+            str(HERE / "peers.py"),
+            "spark",
+            "--query",
+            q.name,
+            "--src",
+            str(data / "bids"),
+            "--out",
+            str(out),
+            "--delay-ms",
+            str(st.spark_delay_ms),
+            "--max-files",
+            str(st.epoch_chunks),
+            "--master",
+            st.master,
+        ]
         return c + (["--dedup"] if st.dedup else []) + (["--warm"] if warm_run else [])
 
     out = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
@@ -467,7 +510,9 @@ def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp:
         info2 = json.loads(m2.stdout.strip().splitlines()[-1])
         for sub in ("cold", "warm"):
             if not normalize(read_spark_output(out2 / sub), q.column).equals(res):
-                raise SystemExit(f"Spark {q.name}: the result of the warm process's {sub} run differs from the cold run's")
+                raise SystemExit(
+                    f"Spark {q.name}: the result of the warm process's {sub} run differs from the cold run's"
+                )
         info["warm"] = info2["warm"]
         info["second_cold_seconds"] = info2["seconds"]
     return PeerRun(m.wall, m.cpu, m.peak, info, res)
@@ -477,7 +522,17 @@ def run_duckdb_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp
     import pyarrow.parquet as pq
 
     out = tmp / f"duckdb-{q.name}.parquet"
-    cmd = [sys.executable, str(HERE / "peers.py"), "duckdb", "--query", q.name, "--src", str(data / "bids"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(HERE / "peers.py"),
+        "duckdb",
+        "--query",
+        q.name,
+        "--src",
+        str(data / "bids"),
+        "--out",
+        str(out),
+    ]
     if st.dedup:
         cmd.append("--dedup")
     m = run_measured(cmd, env, tmp, [])
@@ -485,11 +540,11 @@ def run_duckdb_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp
     return PeerRun(m.wall, m.cpu, m.peak, info, normalize(pq.read_table(out), q.column))
 
 
-def drop_sentinel(t, sentinel_ms: int, q: Query):
+def drop_sentinel(t: pa.Table, sentinel_ms: int, q: Query) -> tuple[pa.Table, int]:
     """Spark's result without the sentinel's windows (none is expected: its window never closes)."""
     import pyarrow.compute as pc
 
-    keep = pc.less(t["window_start"], sentinel_ms - max(q.size_ms, q.gap_ms))
+    keep = pc.less(t["window_start"], sentinel_ms - max(q.size_ms, q.gap_ms))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
     return t.filter(keep), t.num_rows - t.filter(keep).num_rows
 
 
@@ -530,8 +585,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{cpu or 'unknown CPU'}, {cpu_count()} cores available, {psutil.virtual_memory().total / 2**30:.0f} GB RAM, "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+    return (
+        f"{cpu or 'unknown CPU'}, {cpu_count()} cores available, {psutil.virtual_memory().total / 2**30:.0f} GB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def versions() -> str:
@@ -544,8 +601,13 @@ def versions() -> str:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"
 
@@ -558,129 +620,282 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     out = []
     now = datetime.now(UTC)
     out.append(f"# NEXMark-like comparison: Wire vs Spark Structured Streaming vs DuckDB — {now:%Y-%m-%d %H:%M} UTC\n")
-    out.append(f"- command: `{' '.join(['benchmarks/compare.py'] + sys.argv[1:]) if sys.argv[1:] else 'make bench (benchmarks/compare.py)'}`")
-    out.append(f"- machine: {machine()}; 1-minute load average during the run: mean {load.mean() or 0:.1f}, max {load.max():.1f} "
-               f"({cpu_count()} cores: above {cpu_count()} the sides share CPUs with other work); total {t_total / 60:.1f} min")
-    out.append(f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)")
+    command = (
+        " ".join(["benchmarks/compare.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench (benchmarks/compare.py)"
+    )
+    out.append(f"- command: `{command}`")
+    out.append(
+        f"- machine: {machine()}; 1-minute load average during the run: mean {load.mean() or 0:.1f}, max "
+        f"{load.max():.1f} ({cpu_count()} cores: above {cpu_count()} the sides share CPUs with other work); total "
+        f"{t_total / 60:.1f} min"
+    )
+    out.append(
+        f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)"
+    )
     c0 = cases[0].cfg if cases else Config()
-    out.append(f"- generator: rate {c0.rate:,} events/s of event time, seed {c0.seed}, {c0.segments} segments, chunks of "
-               f"{c0.chunk_rows:,} bids, out-of-order groups of {c0.ooo_group} events, {c0.delay_fraction:.0%} of events delayed "
-               f"by up to {c0.max_delay_ms} ms: disorder bound {c0.disorder_bound_ms()} ms")
-    out.append(f"- Wire: max_out_of_orderness {st.ooo_ms} ms (>= the bound: no event is late), allowed lateness {st.lateness_ms} ms, "
-               f"partition {st.partition}{' (event-time range bounded by `end`, whole days)' if st.bounded else ' (no `end`: open-ended)'}, "
-               f"{st.epoch_chunks} chunks per epoch, id field {'bid_id (de-duplication on)' if st.dedup else 'none'}; "
-               f"Spark `{st.master}`")
-    out.append(f"- Spark SS: withWatermark delay {st.spark_delay_ms} ms (= out-of-orderness + allowed lateness), maxFilesPerTrigger "
-               f"{st.epoch_chunks}, Trigger.AvailableNow, Parquet sink (append){', dropDuplicatesWithinWatermark(bid_id)' if st.dedup else ''}")
+    out.append(
+        f"- generator: rate {c0.rate:,} events/s of event time, seed {c0.seed}, {c0.segments} segments, chunks of "
+        f"{c0.chunk_rows:,} bids, out-of-order groups of {c0.ooo_group} events, {c0.delay_fraction:.0%} of events "
+        f"delayed by up to {c0.max_delay_ms} ms: disorder bound {c0.disorder_bound_ms()} ms"
+    )
+    bounded = " (event-time range bounded by `end`, whole days)" if st.bounded else " (no `end`: open-ended)"
+    out.append(
+        f"- Wire: max_out_of_orderness {st.ooo_ms} ms (>= the bound: no event is late), allowed lateness "
+        f"{st.lateness_ms} ms, partition {st.partition}{bounded}, "
+        f"{st.epoch_chunks} chunks per epoch, id field {'bid_id (de-duplication on)' if st.dedup else 'none'}; Spark "
+        f"`{st.master}`"
+    )
+    out.append(
+        f"- Spark SS: withWatermark delay {st.spark_delay_ms} ms (= out-of-orderness + allowed lateness), "
+        f"maxFilesPerTrigger {st.epoch_chunks}, Trigger.AvailableNow, Parquet sink "
+        f"(append){', dropDuplicatesWithinWatermark(bid_id)' if st.dedup else ''}"
+    )
     for q in sorted({c.q.name: c.q for c in cases}.values(), key=lambda q: int(q.name[1:])):
         out.append(f"- {q.name}: {q.title} (Wire window `{q.window_name}`, column `{q.column}`)")
     for n in gen_notes:
         out.append(f"- {n}")
     out.append("")
-    out.append("Times are wall seconds from cold processes. Wire = `wire produce` (" + ("one process per segment" if st.produce_per_segment else "one process for every segment's file") + ") + `wire close` + the `wire tick`s "
-               "that launched runs (the last tick, which requested nothing, is not counted), with Wire's Spark either local "
-               "(each tick boots its own JVM) or the embedded Spark server (runs attach to it; it was started before, as the S3 "
-               "server was); Spark SS = one process: JVM start, "
-               "query, stop; warm (with --warm) = the query's second run in one session of another process. Throughput counts bids (the only stream these queries "
-               "read). **Wire ÷ X** is Wire's throughput over X's (> 1: Wire faster; the goal vs Spark SS is >= 2). Peak memory: "
-               "the largest process tree of the side (Wire: its largest command; the servers it needs, the S3 server and in server "
-               "mode the Spark server, are in the last columns, and their CPU during Wire's commands is in Wire's CPU).\n")
-    head = ["events", "keys", "query", "Wire's Spark", "bids", "result rows", "equal", "Wire s", "Wire bids/s", "Spark SS s", "Spark SS bids/s",
-            "Spark warm s", "DuckDB s", "DuckDB bids/s", "Wire ÷ Spark SS", "Wire ÷ DuckDB", "Wire MB", "Spark MB", "DuckDB MB",
-            "servers MB", "Wire + servers MB", "load"]
+    out.append(
+        "Times are wall seconds from cold processes. Wire = `wire produce` ("
+        + ("one process per segment" if st.produce_per_segment else "one process for every segment's file")
+        + ") + `wire close` + the `wire tick`s "
+        "that launched runs (the last tick, which requested nothing, is not counted), with Wire's Spark either local "
+        "(each tick boots its own JVM) or the embedded Spark server (runs attach to it; it was started before, as the "
+        "S3 server was); Spark SS = one process: JVM start, query, stop; warm (with --warm) = the query's second run "
+        "in one session of another process. Throughput counts bids (the only stream these queries read). **Wire ÷ X** "
+        "is Wire's throughput over X's (> 1: Wire faster; the goal vs Spark SS is >= 2). Peak memory: the largest "
+        "process tree of the side (Wire: its largest command; the servers it needs, the S3 server and in server mode "
+        "the Spark server, are in the last columns, and their CPU during Wire's commands is in Wire's CPU).\n"
+    )
+    head = [
+        "events",
+        "keys",
+        "query",
+        "Wire's Spark",
+        "bids",
+        "result rows",
+        "equal",
+        "Wire s",
+        "Wire bids/s",
+        "Spark SS s",
+        "Spark SS bids/s",
+        "Spark warm s",
+        "DuckDB s",
+        "DuckDB bids/s",
+        "Wire ÷ Spark SS",
+        "Wire ÷ DuckDB",
+        "Wire MB",
+        "Spark MB",
+        "DuckDB MB",
+        "servers MB",
+        "Wire + servers MB",
+        "load",
+    ]
     rows = []
     for c in cases:
         n = c.cfg.bids
         w, s, d = c.wire, c.spark, c.duck
+        first = w or s or d
         warm = s.info.get("warm", {}).get("seconds") if s else None
-        rows.append([
-            fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], f"{n:,}",
-            f"{(w or s or d).result.num_rows:,}" if (w or s or d) else "-",
-            "yes" if c.equal and all(c.equal.values()) else ("**NO**" if c.equal else "-"),
-            f"{w.e2e:.1f}" if w else "-", rate(n, w.e2e) if w else "-",
-            f"{s.wall:.1f}" if s else "-", rate(n, s.wall) if s else "-",
-            f"{warm:.1f}" if warm else "-",
-            f"{d.wall:.1f}" if d else "-", rate(n, d.wall) if d else "-",
-            f"{s.wall / w.e2e:.2f}" if (w and s) else "-", f"{d.wall / w.e2e:.3f}" if (w and d) else "-",
-            mb(w.peak) if w else "-", mb(s.peak) if s else "-", mb(d.peak) if d else "-",
-            mb(w.server_peak) if (w and w.server_peak) else "-", mb(w.with_server_peak) if (w and w.server_peak) else "-",
-            f"{c.load:.1f}" if c.load is not None else "-",
-        ])
+        rows.append(
+            [
+                fmt_count(c.cfg.events),
+                fmt_count(c.cfg.keys),
+                c.q.name,
+                WIRE_SPARK_MODES[c.mode],
+                f"{n:,}",
+                f"{first.result.num_rows:,}" if first else "-",
+                "yes" if c.equal and all(c.equal.values()) else ("**NO**" if c.equal else "-"),
+                f"{w.e2e:.1f}" if w else "-",
+                rate(n, w.e2e) if w else "-",
+                f"{s.wall:.1f}" if s else "-",
+                rate(n, s.wall) if s else "-",
+                f"{warm:.1f}" if warm else "-",
+                f"{d.wall:.1f}" if d else "-",
+                rate(n, d.wall) if d else "-",
+                f"{s.wall / w.e2e:.2f}" if (w and s) else "-",
+                f"{d.wall / w.e2e:.3f}" if (w and d) else "-",
+                mb(w.peak) if w else "-",
+                mb(s.peak) if s else "-",
+                mb(d.peak) if d else "-",
+                mb(w.server_peak) if (w and w.server_peak) else "-",
+                mb(w.with_server_peak) if (w and w.server_peak) else "-",
+                f"{c.load:.1f}" if c.load is not None else "-",
+            ]
+        )
     out.append(md_table(head, rows, "llllrrlrrrrrrrrrrrrrrr"))
     problems = [f"{fmt_count(c.cfg.events)}/{fmt_count(c.cfg.keys)}/{c.q.name}: {p}" for c in cases for p in c.problems]
     if problems:
         out.append("\n**Results differ:**\n")
         out += [f"- {p}" for p in problems]
 
-    out.append("\n## CPU seconds (user + system of each side's processes; steadier than wall time on a shared machine)\n")
+    out.append(
+        "\n## CPU seconds (user + system of each side's processes; steadier than wall time on a shared machine)\n"
+    )
     rows = []
     for c in cases:
-        rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode],
-                     f"{c.wire.cpu:.0f}" if c.wire else "-", f"{c.spark.cpu:.0f}" if c.spark else "-",
-                     f"{c.duck.cpu:.1f}" if c.duck else "-",
-                     f"{c.spark.info.get('session_seconds', 0):.1f}" if c.spark else "-",
-                     f"{c.spark.info['seconds']:.1f}" if c.spark else "-", str(c.spark.info["batches"]) if c.spark else "-"])
-    out.append(md_table(["events", "keys", "query", "Wire's Spark", "Wire CPU s", "Spark SS CPU s", "DuckDB CPU s", "Spark session start s",
-                         "Spark query s (cold)", "Spark batches"], rows, "llllrrrrrr"))
+        rows.append(
+            [
+                fmt_count(c.cfg.events),
+                fmt_count(c.cfg.keys),
+                c.q.name,
+                WIRE_SPARK_MODES[c.mode],
+                f"{c.wire.cpu:.0f}" if c.wire else "-",
+                f"{c.spark.cpu:.0f}" if c.spark else "-",
+                f"{c.duck.cpu:.1f}" if c.duck else "-",
+                f"{c.spark.info.get('session_seconds', 0):.1f}" if c.spark else "-",
+                f"{c.spark.info['seconds']:.1f}" if c.spark else "-",
+                str(c.spark.info["batches"]) if c.spark else "-",
+            ]
+        )
+    out.append(
+        md_table(
+            [
+                "events",
+                "keys",
+                "query",
+                "Wire's Spark",
+                "Wire CPU s",
+                "Spark SS CPU s",
+                "DuckDB CPU s",
+                "Spark session start s",
+                "Spark query s (cold)",
+                "Spark batches",
+            ],
+            rows,
+            "llllrrrrrr",
+        )
+    )
 
-    wires = [c for c in cases if c.wire]
+    wires = [(c, c.wire) for c in cases if c.wire is not None]
     if wires:
         out.append("\n## Where Wire's time goes\n")
-        out.append("First the commands (wall s). Then per tick (from the Dagster instance's run records and event logs, and the "
-                   "manifests' creation times): the tick process's time outside runs (interpreter start, Dagster and PySpark "
-                   "imports, definitions, sensor evaluation, run bookkeeping); the runs it launched (one per requested partition) "
-                   "and their summed wall time; in the run that committed epochs: the time before its first epoch (reading offsets; "
-                   "the Spark session and JVM start too where runs create the session eagerly: where they start Spark on first "
-                   "use, it falls in the first epoch), from the first epoch's start to the last commit (Spark kernel, staging, "
-                   "manifest, commit, publish: all epochs; the run commits every pending epoch), and after it (partition report, "
-                   "watermark chart, metadata); a tick's first run when it had nothing to process (with an eager session, it "
-                   "paid the JVM start); and the other runs, which only report their partition (Dagster run overhead, publish "
-                   "check, chart).\n")
+        out.append(
+            "First the commands (wall s). Then per tick (from the Dagster instance's run records and event logs, and "
+            "the manifests' creation times): the tick process's time outside runs (interpreter start, Dagster and "
+            "PySpark imports, definitions, sensor evaluation, run bookkeeping); the runs it launched (one per "
+            "requested partition) and their summed wall time; in the run that committed epochs: the time before its "
+            "first epoch (reading offsets; the Spark session and JVM start too where runs create the session eagerly: "
+            "where they start Spark on first use, it falls in the first epoch), from the first epoch's start to the "
+            "last commit (Spark kernel, staging, manifest, commit, publish: all epochs; the run commits every pending "
+            "epoch), and after it (partition report, watermark chart, metadata); a tick's first run when it had "
+            "nothing to process (with an eager session, it paid the JVM start); and the other runs, which only report "
+            "their partition (Dagster run overhead, publish check, chart).\n"
+        )
         rows = []
-        for c in wires:
-            w = c.wire
-            rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], f"{sum(m.wall for m in w.produce):.1f}",
-                         f"{w.close.wall:.1f}", " + ".join(f"{m.wall:.1f}" for m in w.ticks), f"{w.final_tick.wall:.1f}" if w.final_tick else "-",
-                         f"{w.read.wall:.1f}", f"{w.e2e:.1f}"])
-        out.append(md_table(["events", "keys", "query", "Wire's Spark", "produce s", "close s", "ticks s", "last (empty) tick s", "read s", "end to end s"],
-                            rows, "llllrrlrrr"))
+        for c, w in wires:
+            rows.append(
+                [
+                    fmt_count(c.cfg.events),
+                    fmt_count(c.cfg.keys),
+                    c.q.name,
+                    WIRE_SPARK_MODES[c.mode],
+                    f"{sum(m.wall for m in w.produce):.1f}",
+                    f"{w.close.wall:.1f}",
+                    " + ".join(f"{m.wall:.1f}" for m in w.ticks),
+                    f"{w.final_tick.wall:.1f}" if w.final_tick else "-",
+                    f"{w.read.wall:.1f}",
+                    f"{w.e2e:.1f}",
+                ]
+            )
+        out.append(
+            md_table(
+                [
+                    "events",
+                    "keys",
+                    "query",
+                    "Wire's Spark",
+                    "produce s",
+                    "close s",
+                    "ticks s",
+                    "last (empty) tick s",
+                    "read s",
+                    "end to end s",
+                ],
+                rows,
+                "llllrrlrrr",
+            )
+        )
         out.append("")
         rows = []
-        for c in wires:
-            for b in c.wire.breakdown:
-                rows.append([fmt_count(c.cfg.events), fmt_count(c.cfg.keys), c.q.name, WIRE_SPARK_MODES[c.mode], b["tick"], f"{b['wall']:.1f}",
-                             f"{b['outside_runs_s']:.1f}", b["runs"], f"{b['run_s']:.1f}", b["epochs"],
-                             f"{b['before_first_epoch_s']:.1f}" if b["epochs"] else "-", f"{b['epochs_s']:.1f}" if b["epochs"] else "-",
-                             f"{b['proc_after_s']:.1f}" if b["epochs"] else "-",
-                             f"{b['first_report_run_s']:.1f}" if b["first_report_run_s"] is not None else "-",
-                             b["report_runs"], f"{b['report_runs_s'] / b['report_runs']:.2f}" if b["report_runs"] else "-"])
-        out.append(md_table(["events", "keys", "query", "Wire's Spark", "tick", "tick s", "outside runs s", "runs", "runs s", "epochs",
-                             "processing run: before epoch 1 s", "epochs s", "after the last commit s",
-                             "first run (no epoch) s", "reporting runs", "reporting run mean s"], rows, "llllrrrrrrrrrrrr"))
-        tot = sum(c.wire.e2e for c in wires)
-        tot_runs = sum(b["runs"] for c in wires for b in c.wire.breakdown)
+        for c, w in wires:
+            for b in w.breakdown:
+                rows.append(
+                    [
+                        fmt_count(c.cfg.events),
+                        fmt_count(c.cfg.keys),
+                        c.q.name,
+                        WIRE_SPARK_MODES[c.mode],
+                        b["tick"],
+                        f"{b['wall']:.1f}",
+                        f"{b['outside_runs_s']:.1f}",
+                        b["runs"],
+                        f"{b['run_s']:.1f}",
+                        b["epochs"],
+                        f"{b['before_first_epoch_s']:.1f}" if b["epochs"] else "-",
+                        f"{b['epochs_s']:.1f}" if b["epochs"] else "-",
+                        f"{b['proc_after_s']:.1f}" if b["epochs"] else "-",
+                        f"{b['first_report_run_s']:.1f}" if b["first_report_run_s"] is not None else "-",
+                        b["report_runs"],
+                        f"{b['report_runs_s'] / b['report_runs']:.2f}" if b["report_runs"] else "-",
+                    ]
+                )
+        out.append(
+            md_table(
+                [
+                    "events",
+                    "keys",
+                    "query",
+                    "Wire's Spark",
+                    "tick",
+                    "tick s",
+                    "outside runs s",
+                    "runs",
+                    "runs s",
+                    "epochs",
+                    "processing run: before epoch 1 s",
+                    "epochs s",
+                    "after the last commit s",
+                    "first run (no epoch) s",
+                    "reporting runs",
+                    "reporting run mean s",
+                ],
+                rows,
+                "llllrrrrrrrrrrrr",
+            )
+        )
+        tot = sum(w.e2e for _, w in wires)
+        tot_runs = sum(b["runs"] for _, w in wires for b in w.breakdown)
 
         def part(label: str, v: float) -> str:
             return f"{label} {v:.0f} s ({100 * v / tot:.0f}%)"
 
-        bs = [b for c in wires for b in c.wire.breakdown]
+        bs = [b for _, w in wires for b in w.breakdown]
         parts = [
-            part("`wire produce`", sum(sum(m.wall for m in c.wire.produce) for c in wires)),
-            part("`wire close`", sum(c.wire.close.wall for c in wires)),
-            part("tick processes outside runs (start-up, imports, definitions, sensor)", sum(b["outside_runs_s"] for b in bs)),
+            part("`wire produce`", sum(sum(m.wall for m in w.produce) for _, w in wires)),
+            part("`wire close`", sum(w.close.wall for _, w in wires)),
+            part(
+                "tick processes outside runs (start-up, imports, definitions, sensor)",
+                sum(b["outside_runs_s"] for b in bs),
+            ),
             part("processing runs before their first epoch", sum(b["before_first_epoch_s"] for b in bs)),
             part("epochs (kernel and commit)", sum(b["epochs_s"] for b in bs)),
             part("processing runs after their last commit", sum(b["proc_after_s"] for b in bs)),
-            part("first run of a tick with nothing to process",
-                 sum(b["first_report_run_s"] or 0 for b in bs)),
+            part("first run of a tick with nothing to process", sum(b["first_report_run_s"] or 0 for b in bs)),
             part("the other reporting runs", sum(b["report_runs_s"] for b in bs)),
         ]
-        out.append(f"\nSummed over the Wire cases above ({tot:.0f} s end to end, {tot_runs} Dagster runs): " + "; ".join(parts) + ".")
+        out.append(
+            f"\nSummed over the Wire cases above ({tot:.0f} s end to end, {tot_runs} Dagster runs): "
+            + "; ".join(parts)
+            + "."
+        )
 
     sizes = sorted({c.cfg.events for c in cases})
     if len(sizes) > 1:
-        out.append(f"\n## Scale {fmt_count(sizes[0])} → {fmt_count(sizes[-1])} events (time ratio; goal for Wire: <= "
-                   f"{1.1 * sizes[-1] / sizes[0]:.0f}×; peak memory should stay flat)\n")
+        out.append(
+            f"\n## Scale {fmt_count(sizes[0])} → {fmt_count(sizes[-1])} events (time ratio; goal for Wire: <= "
+            f"{1.1 * sizes[-1] / sizes[0]:.0f}×; peak memory should stay flat)\n"
+        )
         rows = []
         by = {(c.cfg.events, c.cfg.keys, c.q.name, c.mode): c for c in cases}
         for (n, k, qn, mode), big in sorted(by.items()):
@@ -691,13 +906,25 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
             def ratio(a, b):
                 return f"{a / b:.1f}×" if a and b else "-"
 
-            rows.append([fmt_count(k), qn, WIRE_SPARK_MODES[mode],
-                         ratio(big.wire and big.wire.e2e, small.wire and small.wire.e2e),
-                         ratio(big.spark and big.spark.wall, small.spark and small.spark.wall),
-                         ratio(big.duck and big.duck.wall, small.duck and small.duck.wall),
-                         f"{mb(small.wire.peak)} → {mb(big.wire.peak)}" if big.wire and small.wire else "-",
-                         f"{mb(small.spark.peak)} → {mb(big.spark.peak)}" if big.spark and small.spark else "-"])
-        out.append(md_table(["keys", "query", "Wire's Spark", "Wire", "Spark SS", "DuckDB", "Wire peak MB", "Spark peak MB"], rows, "lllrrrrr"))
+            rows.append(
+                [
+                    fmt_count(k),
+                    qn,
+                    WIRE_SPARK_MODES[mode],
+                    ratio(big.wire and big.wire.e2e, small.wire and small.wire.e2e),
+                    ratio(big.spark and big.spark.wall, small.spark and small.spark.wall),
+                    ratio(big.duck and big.duck.wall, small.duck and small.duck.wall),
+                    f"{mb(small.wire.peak)} → {mb(big.wire.peak)}" if big.wire and small.wire else "-",
+                    f"{mb(small.spark.peak)} → {mb(big.spark.peak)}" if big.spark and small.spark else "-",
+                ]
+            )
+        out.append(
+            md_table(
+                ["keys", "query", "Wire's Spark", "Wire", "Spark SS", "DuckDB", "Wire peak MB", "Spark peak MB"],
+                rows,
+                "lllrrrrr",
+            )
+        )
     return "\n".join(out) + "\n"
 
 
@@ -705,7 +932,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--sizes", default="1M", help="comma-separated event counts (all kinds): 1M, 10M, 20K ...")
     ap.add_argument("--keys", default="1K", help="comma-separated key counts (auctions and bidders): 1K, 100K")
     ap.add_argument("--queries", default="q5,q7,q11")
@@ -713,19 +940,37 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=Config.rate, help="events per second of event time")
     ap.add_argument("--segments", type=int, default=Config.segments)
     ap.add_argument("--chunk-rows", type=int, default=Config.chunk_rows, help="bids per chunk (Wire chunk, Spark file)")
-    ap.add_argument("--epoch-chunks", type=int, default=0, help="Wire max_chunks_per_epoch = Spark maxFilesPerTrigger "
-                    "(a multiple of --segments; default 2 rounds = 2 x segments)")
+    ap.add_argument(
+        "--epoch-chunks",
+        type=int,
+        default=0,
+        help="Wire max_chunks_per_epoch = Spark maxFilesPerTrigger "
+        "(a multiple of --segments; default 2 rounds = 2 x segments)",
+    )
     ap.add_argument("--partition", default="1m", help="Wire's event-time partition (Dagster partition) size")
     ap.add_argument("--lateness", default="5s", help="Wire's allowed lateness (Spark's delay adds it)")
     ap.add_argument("--no-dedup", action="store_true", help="no id field in Wire, no de-duplication in the peers")
-    ap.add_argument("--no-end", action="store_true", help="Wire pipelines without `end` (open-ended event-time partitions)")
-    ap.add_argument("--warm", action="store_true", help="also time Spark warm: a second process runs each query twice in one "
-                    "session (the second run is the warm figure)")
+    ap.add_argument(
+        "--no-end", action="store_true", help="Wire pipelines without `end` (open-ended event-time partitions)"
+    )
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="also time Spark warm: a second process runs each query twice in one "
+        "session (the second run is the warm figure)",
+    )
     ap.add_argument("--sides", default="wire,spark,duckdb", help="which sides to run (development)")
-    ap.add_argument("--wire-spark", default="local,server", help="Wire's Spark, comma-separated: local (each `wire tick` boots "
-                    "local Spark) and/or server (runs attach to the embedded Spark server, started before the timed commands)")
-    ap.add_argument("--produce-per-segment", action="store_true", help="one `wire produce` process per segment (default: one "
-                    "command for every segment's file)")
+    ap.add_argument(
+        "--wire-spark",
+        default="local,server",
+        help="Wire's Spark, comma-separated: local (each `wire tick` boots "
+        "local Spark) and/or server (runs attach to the embedded Spark server, started before the timed commands)",
+    )
+    ap.add_argument(
+        "--produce-per-segment",
+        action="store_true",
+        help="one `wire produce` process per segment (default: one command for every segment's file)",
+    )
     ap.add_argument("--master", default=f"local[{cpu_count()}]")
     ap.add_argument("--results", type=Path, default=HERE / "results", help="directory of the Markdown report")
     args = ap.parse_args()
@@ -742,14 +987,26 @@ def main() -> int:
             raise ValueError("--wire-spark: choose among local, server")
         epoch_chunks = args.epoch_chunks or 2 * args.segments
         if epoch_chunks % args.segments:
-            raise ValueError("--epoch-chunks: must be a multiple of --segments (whole rounds, so that Spark's batches "
-                             "never hold a later round's file before an earlier one's)")
-        cfgs = [Config(events=n, keys=k, seed=args.seed, rate=args.rate, segments=args.segments, chunk_rows=args.chunk_rows)
-                for n in sizes for k in keys]
+            raise ValueError(
+                "--epoch-chunks: must be a multiple of --segments (whole rounds, so that Spark's batches "
+                "never hold a later round's file before an earlier one's)"
+            )
+        cfgs = [
+            Config(events=n, keys=k, seed=args.seed, rate=args.rate, segments=args.segments, chunk_rows=args.chunk_rows)
+            for n in sizes
+            for k in keys
+        ]
         bound = cfgs[0].disorder_bound_ms()
-        st = Settings(ooo_ms=-(-bound // 1000) * 1000, lateness_ms=parse_duration_ms(args.lateness), partition=args.partition,
-                      epoch_chunks=epoch_chunks, dedup=not args.no_dedup, master=args.master, bounded=not args.no_end,
-                      produce_per_segment=args.produce_per_segment)
+        st = Settings(
+            ooo_ms=-(-bound // 1000) * 1000,
+            lateness_ms=parse_duration_ms(args.lateness),
+            partition=args.partition,
+            epoch_chunks=epoch_chunks,
+            dedup=not args.no_dedup,
+            master=args.master,
+            bounded=not args.no_end,
+            produce_per_segment=args.produce_per_segment,
+        )
         from wire_dagster.spec import pipeline_from_dict
 
         for q in queries:
@@ -770,8 +1027,13 @@ def main() -> int:
     load = LoadSampler().start()
     cases: list[Case] = []
     gen_notes: list[str] = []
-    with (tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd, bench_store(Path(tmpd)) as store0,
-          _spark_server(Path(tmpd) / "home" / "spark", st.master, "wire" in sides and "server" in modes, gen_notes, log) as (spark_url, spark_pid)):
+    with (
+        tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd,
+        bench_store(Path(tmpd)) as store0,
+        _spark_server(
+            Path(tmpd) / "home" / "spark", st.master, "wire" in sides and "server" in modes, gen_notes, log
+        ) as (spark_url, spark_pid),
+    ):
         tmp = Path(tmpd)
         server_pid = _server_pid(tmp)
         for cfg in cfgs:
@@ -780,10 +1042,12 @@ def main() -> int:
             man = write_dataset(cfg, data)
             sentinel_ms = man["bid_time_max"] + 86_400_000
             write_sentinel(data, sentinel_ms, len(man["bid_files"]))
-            gen_notes.append(f"{cfg.label}: generated in {time.perf_counter() - t0:.1f} s: {man['counts']['persons']:,} persons, "
-                             f"{man['counts']['auctions']:,} auctions, {man['counts']['bids']:,} bids over "
-                             f"{(man['bid_time_max'] - man['bid_time_min']) / 1000:,.0f} s of event time; measured disorder "
-                             f"{man['bid_disorder_ms']} ms (bound {man['disorder_bound_ms']} ms)")
+            gen_notes.append(
+                f"{cfg.label}: generated in {time.perf_counter() - t0:.1f} s: {man['counts']['persons']:,} persons, "
+                f"{man['counts']['auctions']:,} auctions, {man['counts']['bids']:,} bids over "
+                f"{(man['bid_time_max'] - man['bid_time_min']) / 1000:,.0f} s of event time; measured disorder "
+                f"{man['bid_disorder_ms']} ms (bound {man['disorder_bound_ms']} ms)"
+            )
             log(gen_notes[-1])
             pdir = tmp / f"pipelines-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
             pdir.mkdir()
@@ -793,7 +1057,7 @@ def main() -> int:
                 (pdir / f"{name}.yaml").write_text(yaml.safe_dump(side_pipeline(name, key, cfg), sort_keys=False))
             # a fresh bucket and Dagster instance per data set and Wire mode
             wire_envs = {}
-            for mode in (modes if "wire" in sides else []):
+            for mode in modes if "wire" in sides else []:
                 from wire_dagster.objectstore import ObjectStore
 
                 cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
@@ -802,16 +1066,24 @@ def main() -> int:
                 dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}-{mode}"
                 env = dict(os.environ)
                 env.update(cfg_s3.export_env())
-                env.update({"WIRE_PIPELINES": str(pdir), "WIRE_HOME": str(tmp / "home"), "DAGSTER_HOME": str(dhome),
-                            "PYSPARK_PYTHON": sys.executable})
+                env.update(
+                    {
+                        "WIRE_PIPELINES": str(pdir),
+                        "WIRE_HOME": str(tmp / "home"),
+                        "DAGSTER_HOME": str(dhome),
+                        "PYSPARK_PYTHON": sys.executable,
+                    }
+                )
                 env.pop("WIRE_SPARK_REMOTE", None)
                 env.pop("WIRE_SPARK_MASTER", None)
                 env.update({"WIRE_SPARK_REMOTE": spark_url} if mode == "server" else {"WIRE_SPARK_MASTER": st.master})
                 t0 = time.perf_counter()
                 _land_side_streams(store, cfg, data, pdir)
                 if not gen_notes[-1].startswith(f"{cfg.label}: persons"):
-                    gen_notes.append(f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments "
-                                     f"each, `streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s")
+                    gen_notes.append(
+                        f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments "
+                        f"each, `streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s"
+                    )
                 wire_envs[mode] = (env, dhome, cfg_s3)
             peer_env = dict(os.environ)
             peer_env.update({"PYSPARK_PYTHON": sys.executable})
@@ -819,15 +1091,16 @@ def main() -> int:
             for q in queries:
                 log(f"{cfg.label}, {q.name}:")
                 per_mode = []
-                for mode in (modes if "wire" in sides else ["local"]):
+                for mode in modes if "wire" in sides else ["local"]:
                     c = Case(cfg, q, man, mode=mode, t_start=time.time())
                     if mode in wire_envs:
                         env, dhome, cfg_s3 = wire_envs[mode]
-                        # The servers' memory and CPU count for Wire: the S3 server always, the Spark server in its mode.
+                        # The servers' memory and CPU count for Wire: the S3 server always, the Spark server
+                        # in its mode.
                         servers = [pid for pid in (server_pid, spark_pid if mode == "server" else None) if pid]
                         c.wire = run_wire(q, cfg, st, data, env, tmp, servers, log)
-                        c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3.export_env())
-                        _check_wire_counts(c, cfg)
+                        c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3)
+                        _check_wire_counts(c, c.wire, cfg)
                         log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")
                     per_mode.append(c)
                 spark = duck = None
@@ -836,7 +1109,10 @@ def main() -> int:
                     spark.result, n_sentinel = drop_sentinel(spark.result, sentinel_ms, q)
                     if n_sentinel:
                         per_mode[0].problems.append(f"Spark SS emitted {n_sentinel} sentinel window(s)")
-                    log(f"  spark: {spark.wall:.1f} s (query {spark.info['seconds']:.1f} s, {spark.info['batches']} batches)")
+                    log(
+                        f"  spark: {spark.wall:.1f} s (query {spark.info['seconds']:.1f} s, {spark.info['batches']} "
+                        "batches)"
+                    )
                 if "duckdb" in sides:
                     duck = run_duckdb_peer(q, data, st, peer_env, tmp)
                     log(f"  duckdb: {duck.wall:.1f} s")
@@ -880,8 +1156,10 @@ def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], 
     server = EmbeddedSpark(directory)
     try:
         url = server.start(master=master)
-        notes.append(f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
-                     f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s")
+        notes.append(
+            f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
+            f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s"
+        )
         log(notes[-1])
         info = server.recorded()
         yield url, int(info["pid"]) if info else None
@@ -913,19 +1191,28 @@ def _land_side_streams(store, cfg: Config, data: Path, pdir: Path) -> None:
         close_stream(store, spec)
 
 
-def _check_wire_counts(c: Case, cfg: Config) -> None:
+def _check_wire_counts(c: Case, wire: WireRun, cfg: Config) -> None:
     """Conservation, and the choice of watermark: every bid counted, none late, none duplicate."""
-    tot = c.wire.status.get("totals", {})
+    tot = wire.status.get("totals", {})
     w = c.q.window_name
     want = cfg.bids
-    got = (tot.get("events_in"), tot.get("counted", {}).get(w), tot.get("late", {}).get(w, 0), tot.get("duplicate", 0),
-           tot.get("malformed", 0))
+    got = (
+        tot.get("events_in"),
+        tot.get("counted", {}).get(w),
+        tot.get("late", {}).get(w, 0),
+        tot.get("duplicate", 0),
+        tot.get("malformed", 0),
+    )
     if got != (want, want, 0, 0, 0):
-        c.problems.append(f"Wire counts (in, counted, late, duplicate, malformed) = {got}, expected ({want}, {want}, 0, 0, 0)")
-    pending = c.wire.status.get("pending_chunks", 0)
+        c.problems.append(
+            f"Wire counts (in, counted, late, duplicate, malformed) = {got}, expected ({want}, {want}, 0, 0, 0)"
+        )
+    pending = wire.status.get("pending_chunks", 0)
     if pending:
-        c.problems.append(f"the sensor requested no more runs while {pending} chunks of the closed stream were still unread "
-                          f"(last committed epoch: {c.wire.status.get('epoch')})")
+        c.problems.append(
+            f"the sensor requested no more runs while {pending} chunks of the closed stream were still unread "
+            f"(last committed epoch: {wire.status.get('epoch')})"
+        )
 
 
 def _compare(c: Case) -> None:

@@ -44,11 +44,32 @@ CHUNK_ROWS = 100_000
 BLOCK = 1_000_000  # events generated and produced per call (bounded memory)
 RATE_MS = 6 * 3_600_000 / 1_000_000  # event-time ms per event: 1 M events span 6 h
 WINDOWS = {
-    "tumbling": {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"events": "count", "total": "sum(amount)", "top": "max(amount)"}},
-    "sliding": {"name": "five_by_one", "type": "sliding", "size": "5m", "slide": "1m", "aggregates": {"events": "count", "mean": "avg(amount)"}},
-    "session": {"name": "sessions", "type": "session", "gap": "30s", "aggregates": {"events": "count", "total": "sum(amount)"}},
+    "tumbling": {
+        "name": "per_minute",
+        "type": "tumbling",
+        "size": "1m",
+        "aggregates": {"events": "count", "total": "sum(amount)", "top": "max(amount)"},
+    },
+    "sliding": {
+        "name": "five_by_one",
+        "type": "sliding",
+        "size": "5m",
+        "slide": "1m",
+        "aggregates": {"events": "count", "mean": "avg(amount)"},
+    },
+    "session": {
+        "name": "sessions",
+        "type": "session",
+        "gap": "30s",
+        "aggregates": {"events": "count", "total": "sum(amount)"},
+    },
 }
-SETS = {"tumbling": ["tumbling"], "sliding": ["sliding"], "session": ["session"], "all three": ["tumbling", "sliding", "session"]}
+SETS = {
+    "tumbling": ["tumbling"],
+    "sliding": ["sliding"],
+    "session": ["session"],
+    "all three": ["tumbling", "sliding", "session"],
+}
 
 
 def parse_size(s: str) -> int:
@@ -84,11 +105,11 @@ def generate(lo: int, n: int, seed: int, users: int = 10_000):
     t0 = 1_767_225_600_000 + 3_600_000  # 2026-01-01T01:00Z
     idx = np.arange(lo, lo + n)
     ts = t0 + (idx * RATE_MS).astype(np.int64) + rng.integers(-4_000, 4_000, n)
-    users = rng.integers(0, users, n)
+    user_ids = rng.integers(0, users, n)
     return pa.table(
         {
             "ts": pa.array(ts, pa.int64()),
-            "user_id": pa.array(np.char.add("u", users.astype(str)).astype(object)),
+            "user_id": pa.array(np.char.add("u", user_ids.astype(str)).astype(object)),
             "event_id": pa.array(np.char.add("e", idx.astype(str)).astype(object)),
             "amount": pa.array(np.round(rng.gamma(2.0, 10.0, n), 2)),
         }
@@ -110,8 +131,10 @@ def produce_stream(store, stream: str, n: int, seed: int, tmp: Path, users: int 
         t = pq.read_table(path)
         import pyarrow.compute as pc
 
-        odd = pc.equal(pc.bit_wise_and(pc.cast(pc.utf8_slice_codeunits(t["user_id"], 1), "int64"), 1), 1)
-        for seg, mask in (("0", pc.invert(odd)), ("1", odd)):
+        # pyarrow.compute generates these functions at import: pyright cannot see them.
+        digits = pc.utf8_slice_codeunits(t["user_id"], 1)  # pyright: ignore[reportAttributeAccessIssue]
+        odd = pc.equal(pc.bit_wise_and(pc.cast(digits, "int64"), 1), 1)  # pyright: ignore[reportAttributeAccessIssue]
+        for seg, mask in (("0", pc.invert(odd)), ("1", odd)):  # pyright: ignore[reportAttributeAccessIssue]
             part = tmp / f"{stream}-{i}-{seg}.parquet"
             pq.write_table(t.filter(mask), part)
             rep = produce(store, spec, part, segment=seg)
@@ -139,9 +162,9 @@ KERNEL_SOURCE = _kernel_source()
 class ActionProfile:
     """Wraps the DataFrame actions and createDataFrame; keyed by the kernel.py line that called them."""
 
-    PATCH = [("pyspark.sql.classic.dataframe", "DataFrame", m) for m in ("count", "toArrow", "localCheckpoint", "collect")] + [
-        ("pyspark.sql.session", "SparkSession", "createDataFrame")
-    ]
+    PATCH = [
+        ("pyspark.sql.classic.dataframe", "DataFrame", m) for m in ("count", "toArrow", "localCheckpoint", "collect")
+    ] + [("pyspark.sql.session", "SparkSession", "createDataFrame")]
 
     def __init__(self, spark) -> None:
         self.spark = spark
@@ -155,7 +178,7 @@ class ActionProfile:
 
     def _site(self) -> str:
         for fr in reversed(traceback.extract_stack()[:-2]):
-            if fr.filename.endswith("wire_dagster/kernel.py"):
+            if fr.lineno is not None and fr.filename.endswith("wire_dagster/kernel.py"):
                 line = KERNEL_SOURCE[fr.lineno - 1] if fr.lineno <= len(KERNEL_SOURCE) else ""
                 return f"{fr.name}:{fr.lineno} {line.strip()[:60]}"
         return "(outside kernel.py)"
@@ -234,7 +257,16 @@ def run_pipeline(store, spark, spec, now: int) -> dict:
     # Result rows from the committed manifest's file references: reading them back (44 M rows at
     # 10 M events) would leave the allocator's high-water mark in the next run's peak memory.
     rows = {w.name: sum(ref.rows for ref in m.outputs.get(w.name, {}).values()) for w in spec.windows}
-    return {"kernel": k[0], "wall": wall[0], "cpu": mem.cpu, "cpu_kinds": mem.cpu_kinds, "epochs": len(out.committed), "peak": mem.peak, "rows": rows, "totals": m.totals}
+    return {
+        "kernel": k[0],
+        "wall": wall[0],
+        "cpu": mem.cpu,
+        "cpu_kinds": mem.cpu_kinds,
+        "epochs": len(out.committed),
+        "peak": mem.peak,
+        "rows": rows,
+        "totals": m.totals,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -244,9 +276,12 @@ def run_pipeline(store, spark, spec, now: int) -> dict:
 def duckdb_sql(kind: str) -> str:
     from wire_dagster.spec import pipeline_from_dict
 
-    w = pipeline_from_dict({"name": "x", "event": {"time": "ts"}, "partition": "1h", "windows": [WINDOWS[kind]]}).windows[0]
+    w = pipeline_from_dict(
+        {"name": "x", "event": {"time": "ts"}, "partition": "1h", "windows": [WINDOWS[kind]]}
+    ).windows[0]
     if kind == "tumbling":
-        return f"""SELECT _key, _t - (_t % {w.size}) AS ws, count(*) AS events, sum(f_amount) AS total, max(f_amount) AS top
+        return f"""SELECT _key, _t - (_t % {w.size}) AS ws, count(*) AS events, sum(f_amount) AS total,
+                          max(f_amount) AS top
                    FROM ev GROUP BY ALL"""
     if kind == "sliding":
         n = w.size // w.slide
@@ -256,7 +291,8 @@ def duckdb_sql(kind: str) -> str:
     return f"""SELECT _key, min(_t) AS ws, max(_t) + {w.gap} AS we, count(*) AS events, sum(f_amount) AS total FROM (
                  SELECT *, sum(brk) OVER (PARTITION BY _key ORDER BY _t ROWS UNBOUNDED PRECEDING) AS sid FROM (
                    SELECT _key, _t, f_amount,
-                          CASE WHEN _t - lag(_t) OVER (PARTITION BY _key ORDER BY _t) <= {w.gap} THEN 0 ELSE 1 END AS brk
+                          CASE WHEN _t - lag(_t) OVER (PARTITION BY _key ORDER BY _t) <= {w.gap}
+                               THEN 0 ELSE 1 END AS brk
                    FROM ev))
                GROUP BY _key, sid"""
 
@@ -267,14 +303,16 @@ def run_duckdb(store, stream: str, kinds: list[str], threads: int) -> dict:
 
     from wire_dagster.streams import read_stream
 
-    keys = [f"{store.bucket}/{c.data_key}" for v in read_stream(store, stream, {}).values() for c in v.chunks if c.data_key]
+    keys = [
+        f"{store.bucket}/{c.data_key}" for v in read_stream(store, stream, {}).values() for c in v.chunks if c.data_key
+    ]
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
     rows = {}
     with TreeRss() as mem, timed() as wall:
         ev = pads.dataset(keys, filesystem=store.arrow_fs(), format="parquet")  # noqa: F841 (scanned by DuckDB)
         for k in kinds:
-            rows[WINDOWS[k]["name"]] = con.execute(f"SELECT count(*) FROM ({duckdb_sql(k)})").fetchone()[0]
+            rows[WINDOWS[k]["name"]] = con.execute(f"SELECT count(*) FROM ({duckdb_sql(k)})").fetchall()[0][0]
     con.close()
     return {"wall": wall[0], "cpu": mem.cpu, "rows": rows, "peak": mem.peak}
 
@@ -283,7 +321,7 @@ def run_duckdb(store, stream: str, kinds: list[str], threads: int) -> dict:
 # Isolated measurements for the profile.
 
 
-def isolated(store, spark, spec, sizes_note: str) -> list[list]:
+def isolated(store, spark, spec) -> list[list]:
     from pyspark.sql import Window as SW
     from pyspark.sql import functions as F
 
@@ -303,12 +341,20 @@ def isolated(store, spark, spec, sizes_note: str) -> list[list]:
     out.append(["read + count()", f"{timed_call(ev.count):.2f}"])
     out.append(["read + localCheckpoint()", f"{timed_call(ev.localCheckpoint):.2f}"])
     order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
-    out.append(["read + de-duplicate (row_number over id)", f"{noop(ev.withColumn('_rn', F.row_number().over(order)).filter('_rn = 1')):.2f}"])
+    out.append(
+        [
+            "read + de-duplicate (row_number over id)",
+            f"{noop(ev.withColumn('_rn', F.row_number().over(order)).filter('_rn = 1')):.2f}",
+        ]
+    )
     n = 5
-    x = ev.withColumn("_k", F.explode(F.sequence(F.lit(0), F.lit(n - 1)))).select(F.col("_key"), (F.col(TIME) - F.col("_k") * 60000).alias("s"), "f_amount")
+    x = ev.withColumn("_k", F.explode(F.sequence(F.lit(0), F.lit(n - 1)))).select(
+        F.col("_key"), (F.col(TIME) - F.col("_k") * 60000).alias("s"), "f_amount"
+    )
     out.append(["read + explode ×5 (sliding 5m/1m)", f"{noop(x):.2f}"])
-    out.append(["read + explode ×5 + groupBy", f"{noop(x.groupBy('_key', 's').agg(F.count('*'), F.avg('f_amount'))):.2f}"])
-    del sizes_note
+    out.append(
+        ["read + explode ×5 + groupBy", f"{noop(x.groupBy('_key', 's').agg(F.count('*'), F.avg('f_amount'))):.2f}"]
+    )
     return out
 
 
@@ -322,15 +368,21 @@ def timed_call(fn) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--sizes", default="1M", help="comma-separated event counts, e.g. 1M,10M (default 1M)")
     ap.add_argument("--chunks-per-epoch", type=int, default=5, help="read budget per epoch (chunks of 100 000 events)")
     ap.add_argument("--sets", default=",".join(SETS), help="window sets to run: " + ", ".join(SETS))
     ap.add_argument("--no-id", action="store_true", help="pipelines without an id field (no de-duplication)")
     ap.add_argument("--no-duckdb", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="attribute the kernel's time to its Spark actions (all three, first size)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="attribute the kernel's time to its Spark actions (all three, first size)",
+    )
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--users", type=int, default=10_000, help="distinct keys (10 000: most 1-minute windows hold one event)")
+    ap.add_argument(
+        "--users", type=int, default=10_000, help="distinct keys (10 000: most 1-minute windows hold one event)"
+    )
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
@@ -351,18 +403,27 @@ def main() -> int:
         # Cold run: a small stream, all three windows — JIT, Python workers, S3 connections.
         produce_stream(store, "warm", 200_000, args.seed, tmp)
         cold = run_pipeline(store, spark, pipeline("warm", "warm", SETS["all three"], 1, with_id), now_ms())
-        notes.append(f"cold first run (200 k events, all three windows, {cold['epochs']} epochs): kernel {cold['kernel']:.1f} s, process {cold['wall']:.1f} s")
+        notes.append(
+            f"cold first run (200 k events, all three windows, {cold['epochs']} epochs): kernel {cold['kernel']:.1f} "
+            f"s, process {cold['wall']:.1f} s"
+        )
         for n in sizes:
             stream = f"ev{n}"
             t_prod = produce_stream(store, stream, n, args.seed, tmp, args.users)
-            notes.append(f"{n:,} events produced (streams.produce, {math.ceil(n / CHUNK_ROWS)}+ chunks) in {t_prod:.1f} s")
+            notes.append(
+                f"{n:,} events produced (streams.produce, {math.ceil(n / CHUNK_ROWS)}+ chunks) in {t_prod:.1f} s"
+            )
             now = now_ms()
             for s in sets:
                 spec = pipeline(f"b{n}-{s.replace(' ', '')}", stream, SETS[s], args.chunks_per_epoch, with_id)
                 r = run_pipeline(store, spark, spec, now)
                 assert all(r["totals"].counted[w.name] == n for w in spec.windows), r["totals"]
                 results.append((n, s, r))
-                print(f"{n:,} {s}: kernel {r['kernel']:.1f}s, process {r['wall']:.1f}s, {r['epochs']} epochs", file=sys.stderr, flush=True)
+                print(
+                    f"{n:,} {s}: kernel {r['kernel']:.1f}s, process {r['wall']:.1f}s, {r['epochs']} epochs",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if not args.no_duckdb:
                 for s in sets:
                     floor[(n, s)] = run_duckdb(store, stream, SETS[s], cpu_count())
@@ -371,39 +432,86 @@ def main() -> int:
                 spec = pipeline(f"p{n}", stream, SETS["all three"], args.chunks_per_epoch, with_id)
                 with ActionProfile(spark) as prof:
                     pr = run_pipeline(store, spark, spec, now)
-                iso = isolated(store, spark, spec, "")
+                iso = isolated(store, spark, spec)
         spark.stop()  # the JVM and its Python workers exit before the S3 server stops
 
     ident = "with" if with_id else "without"
-    print(f"\n## Kernel throughput — {master}, {cpu_count()} CPUs, {args.users:,} keys, pipelines {ident} an id field, "
-          f"{args.chunks_per_epoch} chunks ({args.chunks_per_epoch * CHUNK_ROWS:,} events) per epoch\n")
+    print(
+        f"\n## Kernel throughput — {master}, {cpu_count()} CPUs, {args.users:,} keys, pipelines {ident} an id field, "
+        f"{args.chunks_per_epoch} chunks ({args.chunks_per_epoch * CHUNK_ROWS:,} events) per epoch\n"
+    )
     rows = []
     for n, s, r in results:
         f = floor.get((n, s))
         wrong = f and f["rows"] != r["rows"]
-        rows.append([
-            f"{n / 1e6:g} M", s, r["epochs"], f"{r['kernel']:.1f}", f"{n / r['kernel']:,.0f}", f"{r['wall']:.1f}", f"{r['cpu']:.0f}",
-            mb(r["peak"].driver), mb(r["peak"].spark), mb(r["peak"].total),
-            f"{f['wall']:.1f}" if f else "-", f"{f['cpu']:.1f}" if f else "-", f"{n / f['wall']:,.0f}" if f else "-",
-            (f"{r['kernel'] / f['wall']:.1f}×" + (" (rows differ!)" if wrong else "")) if f else "-",
-            sum(r["rows"].values()),
-        ])
-    print(md_table(["events", "windows", "epochs", "kernel s", "kernel ev/s", "process s", "process CPU s", "driver MB", "Spark MB",
-                    "total MB", "DuckDB s", "DuckDB CPU s", "DuckDB ev/s", "kernel / DuckDB", "result rows"], rows, "llrrrrrrrrrrrrr"))
-    print(f"\nload average while running: {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
-          "(wall times on a shared machine stretch with its load; CPU seconds much less)")
+        rows.append(
+            [
+                f"{n / 1e6:g} M",
+                s,
+                r["epochs"],
+                f"{r['kernel']:.1f}",
+                f"{n / r['kernel']:,.0f}",
+                f"{r['wall']:.1f}",
+                f"{r['cpu']:.0f}",
+                mb(r["peak"].driver),
+                mb(r["peak"].spark),
+                mb(r["peak"].total),
+                f"{f['wall']:.1f}" if f else "-",
+                f"{f['cpu']:.1f}" if f else "-",
+                f"{n / f['wall']:,.0f}" if f else "-",
+                (f"{r['kernel'] / f['wall']:.1f}×" + (" (rows differ!)" if wrong else "")) if f else "-",
+                sum(r["rows"].values()),
+            ]
+        )
+    print(
+        md_table(
+            [
+                "events",
+                "windows",
+                "epochs",
+                "kernel s",
+                "kernel ev/s",
+                "process s",
+                "process CPU s",
+                "driver MB",
+                "Spark MB",
+                "total MB",
+                "DuckDB s",
+                "DuckDB CPU s",
+                "DuckDB ev/s",
+                "kernel / DuckDB",
+                "result rows",
+            ],
+            rows,
+            "llrrrrrrrrrrrrr",
+        )
+    )
+    print(
+        f"\nload average while running: {load0[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+        "(wall times on a shared machine stretch with its load; CPU seconds much less)"
+    )
     print()
     for x in notes:
         print(f"- {x}")
     if args.profile:
-        print(f"\n## Profile: all three windows, {sizes[0]:,} events, {pr['epochs']} epochs, kernel {pr['kernel']:.1f} s\n")
+        print(
+            f"\n## Profile: all three windows, {sizes[0]:,} events, {pr['epochs']} epochs, kernel {pr['kernel']:.1f} "
+            "s\n"
+        )
         prow = sorted(prof.rows.items(), key=lambda kv: -kv[1][2])
         tot = sum(v[2] for _, v in prow)
-        print(md_table(["action / call site in kernel.py", "calls", "Spark jobs", "seconds", "share"],
-                       [[f"`{k}`", v[0], v[1], f"{v[2]:.2f}", f"{100 * v[2] / pr['kernel']:.0f}%"] for k, v in prow]))
-        print(f"\nactions total {tot:.1f} s of kernel {pr['kernel']:.1f} s; "
-              f"{sum(v[0] for _, v in prow) / pr['epochs']:.0f} actions and {sum(v[1] for _, v in prow) / pr['epochs']:.0f} Spark jobs per epoch; "
-              "CPU seconds of the whole process: " + ", ".join(f"{k} {v:.1f}" for k, v in pr["cpu_kinds"].items()) + "\n")
+        print(
+            md_table(
+                ["action / call site in kernel.py", "calls", "Spark jobs", "seconds", "share"],
+                [[f"`{k}`", v[0], v[1], f"{v[2]:.2f}", f"{100 * v[2] / pr['kernel']:.0f}%"] for k, v in prow],
+            )
+        )
+        print(
+            f"\nactions total {tot:.1f} s of kernel {pr['kernel']:.1f} s; "
+            f"{sum(v[0] for _, v in prow) / pr['epochs']:.0f} actions and "
+            f"{sum(v[1] for _, v in prow) / pr['epochs']:.0f} Spark jobs per epoch; "
+            "CPU seconds of the whole process: " + ", ".join(f"{k} {v:.1f}" for k, v in pr["cpu_kinds"].items()) + "\n"
+        )
         print(md_table(["isolated (all chunks at once)", "seconds"], iso, "lr"))
     return 0
 

@@ -70,9 +70,25 @@ M = 60_000
 H = 3_600_000
 OOO = 2_000
 WINDOWS = {
-    "tumbling": {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
-    "sliding": {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},
-    "session": {"name": "sessions", "type": "session", "gap": "15s", "aggregates": {"n": "count", "total": "sum(amount)"}},
+    "tumbling": {
+        "name": "per_minute",
+        "type": "tumbling",
+        "size": "1m",
+        "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"},
+    },
+    "sliding": {
+        "name": "two_by_one",
+        "type": "sliding",
+        "size": "2m",
+        "slide": "1m",
+        "aggregates": {"n": "count", "mean": "avg(amount)"},
+    },
+    "session": {
+        "name": "sessions",
+        "type": "session",
+        "gap": "15s",
+        "aggregates": {"n": "count", "total": "sum(amount)"},
+    },
 }
 WINDOW_SETS = {"all": ["tumbling", "sliding", "session"], "tumbling": ["tumbling"]}
 GOAL_P50, GOAL_P99 = 8.0, 20.0
@@ -99,7 +115,10 @@ def chunk_events(t0: int, k: int, n: int, rng: random.Random) -> list[dict]:
     """Chunk k: n events in (p_k + OOO, p_k + 1m + OOO], the last exactly at the top (W := p_k + 1m)."""
     lo, hi = t0 + k * M + OOO, t0 + (k + 1) * M + OOO
     ts = sorted(rng.randrange(lo + 1, hi) for _ in range(n - 1)) + [hi]
-    return [{"user": f"u{rng.randrange(10)}", "ts": t, "amount": rng.randrange(1, 100), "eid": f"k{k}-{i}"} for i, t in enumerate(ts)]
+    return [
+        {"user": f"u{rng.randrange(10)}", "ts": t, "amount": rng.randrange(1, 100), "eid": f"k{k}-{i}"}
+        for i, t in enumerate(ts)
+    ]
 
 
 @dataclass
@@ -152,7 +171,15 @@ class CommitWatcher:
                 return new
             t = time.time()
             m = self.bs.manifest(self.next_epoch)
-            c = Commit(self.next_epoch, t, m.created_ms / 1000, info.last_modified_ms / 1000, m.remap.get("0", 0), m.run_id, m.counts.events_in)
+            c = Commit(
+                self.next_epoch,
+                t,
+                m.created_ms / 1000,
+                info.last_modified_ms / 1000,
+                m.remap.get("0", 0),
+                m.run_id,
+                m.counts.events_in,
+            )
             self.commits.append(c)
             new.append(c)
             self.next_epoch += 1
@@ -185,9 +212,15 @@ def check_failures(bs: BenchStack) -> list[dict]:
     bad = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
     if bad:
         r = bad[0]
-        msgs = [e["message"] for e in bs.run_events(r["runId"]) if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")]
-        raise RuntimeError(f"run {r['runId']} (partition {r['tags'].get('dagster/partition')}) ended {r['status']}: "
-                           + " | ".join(m[:1500] for m in msgs[-3:]))
+        msgs = [
+            e["message"]
+            for e in bs.run_events(r["runId"])
+            if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")
+        ]
+        raise RuntimeError(
+            f"run {r['runId']} (partition {r['tags'].get('dagster/partition')}) ended {r['status']}: "
+            + " | ".join(m[:1500] for m in msgs[-3:])
+        )
     return runs
 
 
@@ -196,9 +229,17 @@ def run_phases(bs: BenchStack, run: dict, epoch: int) -> dict:
     out: dict[str, float] = {}
     for e in bs.run_events(run["runId"]):
         et, msg = e["eventType"], e["message"]
-        first = {"RUN_ENQUEUED": "enqueued", "RUN_DEQUEUED": "dequeued", "RUN_STARTING": "starting", "RUN_START": "run_start",
-                 "STEP_START": "step_start", "ASSET_MATERIALIZATION": "first_materialization", "STEP_SUCCESS": "step_success",
-                 "RUN_SUCCESS": "run_success", "RUN_FAILURE": "run_failure"}.get(et)
+        first = {
+            "RUN_ENQUEUED": "enqueued",
+            "RUN_DEQUEUED": "dequeued",
+            "RUN_STARTING": "starting",
+            "RUN_START": "run_start",
+            "STEP_START": "step_start",
+            "ASSET_MATERIALIZATION": "first_materialization",
+            "STEP_SUCCESS": "step_success",
+            "RUN_SUCCESS": "run_success",
+            "RUN_FAILURE": "run_failure",
+        }.get(et)
         if first and first not in out:
             out[first] = e["t"]
         if et == "ENGINE_EVENT" and msg.startswith("Started process for run") and "process_started" not in out:
@@ -236,9 +277,12 @@ def collect(bs: BenchStack, rows: list[Row], runs: list[dict]) -> None:
         lo, hi = row.ev["epoch_log"], row.commit.created
         js = [j for j in jobs if j["submitted"] is not None and lo - 0.05 <= j["submitted"] <= hi]
         if js:
-            row.spark = {"jobs": len(js), "first": min(j["submitted"] for j in js),
-                         "last": max(j["completed"] or j["submitted"] for j in js),
-                         "busy": sum((j["completed"] or j["submitted"]) - j["submitted"] for j in js)}
+            row.spark = {
+                "jobs": len(js),
+                "first": min(j["submitted"] for j in js),
+                "last": max(j["completed"] or j["submitted"] for j in js),
+                "busy": sum((j["completed"] or j["submitted"]) - j["submitted"] for j in js),
+            }
 
 
 def phases(row: Row) -> dict[str, float | None]:
@@ -267,8 +311,21 @@ def phases(row: Row) -> dict[str, float | None]:
     }
 
 
-COLS = ["total", "sensor wait", "land→tick", "tick→created", "run launch", "created→enqueued", "queued", "worker start",
-        "run setup", "epoch", "Spark jobs", "commit", "after commit"]
+COLS = [
+    "total",
+    "sensor wait",
+    "land→tick",
+    "tick→created",
+    "run launch",
+    "created→enqueued",
+    "queued",
+    "worker start",
+    "run setup",
+    "epoch",
+    "Spark jobs",
+    "commit",
+    "after commit",
+]
 SHARES = {"sensor wait", "run launch", "run setup", "epoch", "commit"}  # these add up to the total
 
 
@@ -282,92 +339,152 @@ def report(args, rows: list[Row], warm: list[Row], load0: str, load1: str, ticks
 
     rev = f"{args.rev0} at the start, {git_rev()} at the end"
     ps = [phases(r) for r in rows]
-    mean_total = sum(p["total"] for p in ps) / len(ps)
+    totals = [r.total for r in rows]
+    mean_total = sum(totals) / len(totals)
     summary = []
     for c in COLS:
-        xs = [p[c] for p in ps if p[c] is not None]
+        xs = [v for p in ps if (v := p[c]) is not None]
         if not xs:
             summary.append([c, "-", "-", "-", "-", "-", "-"])
             continue
         mean = sum(xs) / len(xs)
         share = f"{100 * mean / mean_total:.0f} %" if c in SHARES else ""
-        summary.append([c, f"{pct(xs, 50):.2f}", f"{pct(xs, 99):.2f}", f"{max(xs):.2f}", f"{mean:.2f}", f"{min(xs):.2f}", share])
-    totals = [p["total"] for p in ps]
+        summary.append(
+            [c, f"{pct(xs, 50):.2f}", f"{pct(xs, 99):.2f}", f"{max(xs):.2f}", f"{mean:.2f}", f"{min(xs):.2f}", share]
+        )
     p50, p99 = pct(totals, 50), pct(totals, 99)
     spacing = [b["timestamp"] - a["timestamp"] for a, b in itertools.pairwise(ticks_all)]
     evals = [t["endTimestamp"] - t["timestamp"] for t in ticks_all if t.get("endTimestamp")]
     jobs = [r.spark.get("jobs", 0) for r in rows]
-    instance = (f"the project's dagster.yaml plus `{json.dumps(args.instance_overrides)}`" if args.instance_overrides
-                else "the project's dagster.yaml (wire_dagster.devstack: QueuedRunCoordinator, one run per pipeline)")
-    pacing = (f"closed loop, each chunk lands 0..{args.sensor_interval} s (uniform) after the previous partition's run ended"
-              if args.interval == 0 else f"open loop, a chunk every {args.interval} s")
-    verdict = (f"goal p50 ≤ {GOAL_P50:.0f} s: {'met' if p50 <= GOAL_P50 else 'NOT met'}; "
-               f"p99 ≤ {GOAL_P99:.0f} s: {'met' if p99 <= GOAL_P99 else 'NOT met'}")
+    instance = (
+        f"the project's dagster.yaml plus `{json.dumps(args.instance_overrides)}`"
+        if args.instance_overrides
+        else "the project's dagster.yaml (wire_dagster.devstack: QueuedRunCoordinator, one run per pipeline)"
+    )
+    pacing = (
+        f"closed loop, each chunk lands 0..{args.sensor_interval} s (uniform) after the previous partition's run ended"
+        if args.interval == 0
+        else f"open loop, a chunk every {args.interval} s"
+    )
+    verdict = (
+        f"goal p50 ≤ {GOAL_P50:.0f} s: {'met' if p50 <= GOAL_P50 else 'NOT met'}; "
+        f"p99 ≤ {GOAL_P99:.0f} s: {'met' if p99 <= GOAL_P99 else 'NOT met'}"
+    )
     out = [
-        f"# Latency under `dagster dev`: chunk landed → commit marker ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "# Latency under `dagster dev`: chunk landed → commit marker "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/latency.py', *sys.argv[1:]])}` at commit {rev}.",
         "",
-        f"- Machine: {len(os.sched_getaffinity(0))} cores, shared with other engineers' work. `uptime` before: `{load0}`; after: `{load1}`.",
-        ("- Stack: embedded SeaweedFS, a Spark Connect server (local[2], 1 GB driver, AQE off, 1 shuffle partition), "
-         f"`dagster dev` with {instance}."),
-        (f"- Pipeline: 1-minute partitions, windows {', '.join(WINDOW_SETS[args.windows])}, sensor interval {args.sensor_interval} s, "
-         f"{args.events_per_chunk} events per chunk (10 keys, an id field), one segment."),
-        f"- Pacing: {pacing}; {len(rows)} measured partitions after {len(warm)} warm-up ones; {wall / 60:.1f} min in all.",
+        f"- Machine: {len(os.sched_getaffinity(0))} cores, shared with other engineers' work. `uptime` before: "
+        f"`{load0}`; after: `{load1}`.",
+        (
+            "- Stack: embedded SeaweedFS, a Spark Connect server (local[2], 1 GB driver, AQE off, 1 shuffle "
+            f"partition), `dagster dev` with {instance}."
+        ),
+        (
+            f"- Pipeline: 1-minute partitions, windows {', '.join(WINDOW_SETS[args.windows])}, sensor interval "
+            f"{args.sensor_interval} s, {args.events_per_chunk} events per chunk (10 keys, an id field), one segment."
+        ),
+        f"- Pacing: {pacing}; {len(rows)} measured partitions after {len(warm)} warm-up ones; {wall / 60:.1f} min in "
+        "all.",
         "",
-        (f"**land → commit: p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(totals):.2f} s** ({verdict}). "
-         f"p99 over {len(rows)} samples is interpolated between the two largest."),
+        (
+            f"**land → commit: p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(totals):.2f} s** ({verdict}). "
+            f"p99 over {len(rows)} samples is interpolated between the two largest."
+        ),
         "",
         "## Where the time goes (seconds, over the measured partitions)",
         "",
         md_table(["phase", "p50", "p99", "max", "mean", "min", "share of mean total"], summary),
         "",
-        ("- sensor wait = land → run created. land → tick: until the sensor tick that requested the run started (negative: the tick "
-         "had started before the chunk landed and its evaluation still saw it); tick → created: the tick's evaluation (a gRPC call to "
-         "the code server, `planner.plan` reading the stream) and the run's creation."),
-        ("- run launch = created → RUN_START: created → RUN_ENQUEUED (the daemon writing the run and its planned events); "
-         "queued = RUN_ENQUEUED → RUN_STARTING (until the daemon's run queue loop, every `dequeue_interval_seconds`, launches it); "
-         "worker start = RUN_STARTING → RUN_START (the code server spawns the run worker: Python, imports, the definitions)."),
-        ("- run setup = RUN_START → the engine's `epoch N:` log (step start, resources, Spark Connect attach, reading the last "
-         "manifest, the self-correction check of the published output, listing the stream)."),
-        ("- epoch = `epoch N:` log → the manifest's created_ms (state reads, the kernel's Spark jobs, staging outputs and state); "
-         "Spark jobs = first job submitted → last job completed on the Connect server (its REST API), inside the epoch."),
-        ("- commit = manifest created → marker first seen by the benchmark's 0.1 s HEAD poll (prepare, fence, conditional PUT, "
-         "≤ 0.1 s of polling); after commit = marker → run ended (publish, GC, report, materializations; not part of the latency)."),
-        (f"- Spark jobs per epoch: {min(jobs)}–{max(jobs)}." if jobs and max(jobs) else "- Spark jobs: not measured (no REST API)."),
+        (
+            "- sensor wait = land → run created. land → tick: until the sensor tick that requested the run started "
+            "(negative: the tick had started before the chunk landed and its evaluation still saw it); tick → "
+            "created: the tick's evaluation (a gRPC call to the code server, `planner.plan` reading the stream) and "
+            "the run's creation."
+        ),
+        (
+            "- run launch = created → RUN_START: created → RUN_ENQUEUED (the daemon writing the run and its planned "
+            "events); queued = RUN_ENQUEUED → RUN_STARTING (until the daemon's run queue loop, every "
+            "`dequeue_interval_seconds`, launches it); worker start = RUN_STARTING → RUN_START (the code server "
+            "spawns the run worker: Python, imports, the definitions)."
+        ),
+        (
+            "- run setup = RUN_START → the engine's `epoch N:` log (step start, resources, Spark Connect attach, "
+            "reading the last manifest, the self-correction check of the published output, listing the stream)."
+        ),
+        (
+            "- epoch = `epoch N:` log → the manifest's created_ms (state reads, the kernel's Spark jobs, staging "
+            "outputs and state); Spark jobs = first job submitted → last job completed on the Connect server (its "
+            "REST API), inside the epoch."
+        ),
+        (
+            "- commit = manifest created → marker first seen by the benchmark's 0.1 s HEAD poll (prepare, fence, "
+            "conditional PUT, ≤ 0.1 s of polling); after commit = marker → run ended (publish, GC, report, "
+            "materializations; not part of the latency)."
+        ),
+        (
+            f"- Spark jobs per epoch: {min(jobs)}–{max(jobs)}."
+            if jobs and max(jobs)
+            else "- Spark jobs: not measured (no REST API)."
+        ),
     ]
     if len(spacing) > 1 and evals:
         long_gaps = sum(1 for g in spacing if g > 1.5 * args.sensor_interval)
-        out.append(f"- Sensor ticks while measuring: {len(ticks_all)}; spacing p50 {pct(spacing, 50):.2f} s, min {min(spacing):.2f} s, "
-                   f"max {max(spacing):.2f} s, {long_gaps} of {len(spacing)} gaps longer than 1.5 × the interval; "
-                   f"evaluation p50 {pct(evals, 50):.2f} s, max {max(evals):.2f} s.")
+        out.append(
+            f"- Sensor ticks while measuring: {len(ticks_all)}; spacing p50 {pct(spacing, 50):.2f} s, min "
+            f"{min(spacing):.2f} s, max {max(spacing):.2f} s, {long_gaps} of {len(spacing)} gaps longer than 1.5 × the "
+            f"interval; evaluation p50 {pct(evals, 50):.2f} s, max {max(evals):.2f} s."
+        )
     out += [
         "",
         "## Per partition",
         "",
-        md_table(["k", "partition", "epoch", "events", *COLS],
-                 [[r.land.k, r.land.partition, r.commit.epoch, r.commit.events_in, *[fmt(p[c]) for c in COLS]] for r, p in zip(rows, ps, strict=True)]),
+        md_table(
+            ["k", "partition", "epoch", "events", *COLS],
+            [
+                [r.land.k, r.land.partition, r.commit.epoch, r.commit.events_in, *[fmt(p[c]) for c in COLS]]
+                for r, p in zip(rows, ps, strict=True)
+            ],
+        ),
         "",
     ]
     if warm:
-        parts = [f"k={r.land.k} total {r.total:.2f} s (launch {fmt(phases(r)['run launch'])}, setup {fmt(phases(r)['run setup'])}, "
-                 f"epoch {fmt(phases(r)['epoch'])})" for r in warm]
+        parts = [
+            f"k={r.land.k} total {r.total:.2f} s (launch {fmt(phases(r)['run launch'])}, setup "
+            f"{fmt(phases(r)['run setup'])}, epoch {fmt(phases(r)['epoch'])})"
+            for r in warm
+        ]
         out += ["Warm-up partitions (not in the figures): " + "; ".join(parts), ""]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--partitions", type=int, default=24, help="measured partitions (at least 20 for the issue's figures)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument(
+        "--partitions", type=int, default=24, help="measured partitions (at least 20 for the issue's figures)"
+    )
     ap.add_argument("--warmup", type=int, default=2, help="partitions landed first and left out of the figures")
     ap.add_argument("--events-per-chunk", type=int, default=200)
     ap.add_argument("--windows", choices=sorted(WINDOW_SETS), default="all")
     ap.add_argument("--sensor-interval", type=int, default=5)
-    ap.add_argument("--interval", type=float, default=0.0, help="0: closed loop (default); S > 0: a chunk every S seconds")
-    ap.add_argument("--dequeue-interval", type=int, default=None,
-                    help="run_coordinator dequeue_interval_seconds (default: the project's dagster.yaml, i.e. Dagster's 5 s)")
-    ap.add_argument("--instance", type=json.loads, default=None, dest="extra_instance",
-                    help="more dagster.yaml overrides as JSON, merged into the project's")
+    ap.add_argument(
+        "--interval", type=float, default=0.0, help="0: closed loop (default); S > 0: a chunk every S seconds"
+    )
+    ap.add_argument(
+        "--dequeue-interval",
+        type=int,
+        default=None,
+        help="run_coordinator dequeue_interval_seconds (default: the project's dagster.yaml, i.e. Dagster's 5 s)",
+    )
+    ap.add_argument(
+        "--instance",
+        type=json.loads,
+        default=None,
+        dest="extra_instance",
+        help="more dagster.yaml overrides as JSON, merged into the project's",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=600, help="bound on any one wait (s)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -376,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--partitions >= 1, --warmup >= 0, --events-per-chunk >= 1")
     overrides: dict = {}
     if args.dequeue_interval is not None:
-        overrides.setdefault("run_coordinator", {}).setdefault("config", {})["dequeue_interval_seconds"] = args.dequeue_interval
+        overrides.setdefault("run_coordinator", {}).setdefault("config", {})["dequeue_interval_seconds"] = (
+            args.dequeue_interval
+        )
     if args.extra_instance:
         overrides.update(args.extra_instance)
     args.instance_overrides = overrides or None
@@ -393,8 +512,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="wire-latency-") as tmpd:
         tmp = Path(tmpd)
-        bs = BenchStack(tmp, pipeline_dict(t0, args.windows, args.sensor_interval), instance_overrides=args.instance_overrides, spark_ui=True)
-        log = lambda s: print(s, file=sys.stderr, flush=True)
+        bs = BenchStack(
+            tmp,
+            pipeline_dict(t0, args.windows, args.sensor_interval),
+            instance_overrides=args.instance_overrides,
+            spark_ui=True,
+        )
+
+        def log(s: str) -> None:
+            print(s, file=sys.stderr, flush=True)
+
         try:
             bs.start(log=log)
             watcher = CommitWatcher(bs)
@@ -404,7 +531,13 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(n_total):
                 if args.interval == 0:
                     # Closed loop: the previous partition's run has ended, then a random arrival phase.
-                    wait(lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE], args.timeout, "previous runs end", bs, every=0.25)
+                    wait(
+                        lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE],
+                        args.timeout,
+                        "previous runs end",
+                        bs,
+                        every=0.25,
+                    )
                     delay = rng.uniform(0, args.sensor_interval)
                     end = time.monotonic() + delay
                     while time.monotonic() < end:  # a deliberate random arrival time, not a wait for a condition
@@ -426,13 +559,33 @@ def main(argv: list[str] | None = None) -> int:
                 landings.append(Landing(k, rep.chunks[0], t_land, partition_key(t0 + k * M), rep.events))
                 log(f"k={k} landed chunk {rep.chunks[0]} (partition {landings[-1].partition})")
                 if args.interval == 0:
-                    c = wait(lambda s=rep.chunks[0]: watcher.committed(s), args.timeout, f"commit of chunk {k}", bs, every=0.1)
+                    c = wait(
+                        lambda s=rep.chunks[0]: watcher.committed(s),
+                        args.timeout,
+                        f"commit of chunk {k}",
+                        bs,
+                        every=0.1,
+                    )
                     log(f"    committed in epoch {c.epoch} after {c.t_seen - t_land:.2f}s")
-            wait(lambda: watcher.poll() is not None and all(watcher.commit_of(x.seq) for x in landings), args.timeout, "every chunk committed", bs, every=0.1)
-            wait(lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE], args.timeout, "the last runs end", bs, every=0.25)
+            wait(
+                lambda: watcher.poll() is not None and all(watcher.commit_of(x.seq) for x in landings),
+                args.timeout,
+                "every chunk committed",
+                bs,
+                every=0.1,
+            )
+            wait(
+                lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE],
+                args.timeout,
+                "the last runs end",
+                bs,
+                every=0.25,
+            )
             runs = check_failures(bs)
             for x in landings:
-                rows.append(Row(x, watcher.commit_of(x.seq)))
+                commit = watcher.commit_of(x.seq)
+                assert commit is not None  # waited for above: every chunk committed
+                rows.append(Row(x, commit))
             collect(bs, rows, runs)
             ticks_all = [t for t in bs.sensor_ticks(after=t_start - 1) if t["timestamp"] <= time.time()]
             # Sanity: every event read once, conservation balanced.
@@ -442,9 +595,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"committed totals {m.totals} do not account for the {produced} events produced")
             wall = time.monotonic() - started
             load1 = uptime()
-            md = report(args, rows[args.warmup:], rows[: args.warmup], load0, load1, ticks_all, wall)
-            raw = [{"k": r.land.k, "t_land": r.land.t_land, "commit": r.commit.__dict__, "run": {k: v for k, v in r.run.items() if k != "tags"},
-                    "events": r.ev, "tick": r.tick, "spark": r.spark, "phases": phases(r)} for r in rows]
+            md = report(args, rows[args.warmup :], rows[: args.warmup], load0, load1, ticks_all, wall)
+            raw = [
+                {
+                    "k": r.land.k,
+                    "t_land": r.land.t_land,
+                    "commit": r.commit.__dict__,
+                    "run": {k: v for k, v in r.run.items() if k != "tags"},
+                    "events": r.ev,
+                    "tick": r.tick,
+                    "spark": r.spark,
+                    "phases": phases(r),
+                }
+                for r in rows
+            ]
         except BaseException:
             traceback.print_exc()
             for p in bs.procs:
@@ -457,7 +621,12 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"latency-{time.strftime('%Y-%m-%d-%H%M')}.md"
-    path.write_text(md + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n" + json.dumps(raw, indent=1, default=str) + "\n```\n</details>\n")
+    path.write_text(
+        md
+        + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n"
+        + json.dumps(raw, indent=1, default=str)
+        + "\n```\n</details>\n"
+    )
     print(f"\nwritten to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", file=sys.stderr)
     return 0
 

@@ -60,10 +60,19 @@ PROPORTIONS = (1, 3, 46)  # person, auction, bid in every 50 events
 HOT_AUCTION_RATIO, HOT_BIDDER_RATIO = 2, 4
 BLOCK = 1 << 20  # positions generated at a time (memory bound); rounded to whole groups
 CHANNELS = np.array(["Google", "Facebook", "Baidu", "Apple"], dtype=object)
-URLS = np.array([f"https://www.nexmark.com/item.htm?query=1&channel_id={i}" for i in range(len(CHANNELS))], dtype=object)
-FIRST_NAMES = np.array(["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter"], dtype=object)
-LAST_NAMES = np.array(["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris"], dtype=object)
-CITIES = np.array(["Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle", "Kent", "Cheyenne"], dtype=object)
+URLS = np.array(
+    [f"https://www.nexmark.com/item.htm?query=1&channel_id={i}" for i in range(len(CHANNELS))], dtype=object
+)
+FIRST_NAMES = np.array(
+    ["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter"], dtype=object
+)
+LAST_NAMES = np.array(
+    ["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris"], dtype=object
+)
+CITIES = np.array(
+    ["Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle", "Kent", "Cheyenne"],
+    dtype=object,
+)
 STATES = np.array(["AZ", "CA", "ID", "OR", "WA", "WY"], dtype=object)
 
 BID_SCHEMA = pa.schema(
@@ -78,12 +87,26 @@ BID_SCHEMA = pa.schema(
     ]
 )
 PERSON_SCHEMA = pa.schema(
-    [("id", pa.int64()), ("name", pa.string()), ("email_address", pa.string()), ("city", pa.string()),
-     ("state", pa.string()), ("date_time", pa.int64())]
+    [
+        ("id", pa.int64()),
+        ("name", pa.string()),
+        ("email_address", pa.string()),
+        ("city", pa.string()),
+        ("state", pa.string()),
+        ("date_time", pa.int64()),
+    ]
 )
 AUCTION_SCHEMA = pa.schema(
-    [("id", pa.int64()), ("item_name", pa.string()), ("initial_bid", pa.int64()), ("reserve", pa.int64()),
-     ("seller", pa.int64()), ("category", pa.int64()), ("expires", pa.int64()), ("date_time", pa.int64())]
+    [
+        ("id", pa.int64()),
+        ("item_name", pa.string()),
+        ("initial_bid", pa.int64()),
+        ("reserve", pa.int64()),
+        ("seller", pa.int64()),
+        ("category", pa.int64()),
+        ("expires", pa.int64()),
+        ("date_time", pa.int64()),
+    ]
 )
 
 # Hash tags: one independent stream of uniforms per decision.
@@ -228,13 +251,24 @@ def bids_of(cfg: Config, e: np.ndarray, t: np.ndarray) -> pa.Table:
     last_person = epoch
     hot_a = FIRST_ID + ((last_auction // 100) * 100) % cfg.keys
     hot_b = FIRST_ID + ((last_person // 100) * 100 + 1) % cfg.keys
-    auction = np.where(uniform(cfg.seed, T_HOT_A, e) * HOT_AUCTION_RATIO >= 1, hot_a, _keys(uniform(cfg.seed, T_AUCTION, e), cfg.keys))
-    bidder = np.where(uniform(cfg.seed, T_HOT_B, e) * HOT_BIDDER_RATIO >= 1, hot_b, _keys(uniform(cfg.seed, T_BIDDER, e), cfg.keys))
+    auction = np.where(
+        uniform(cfg.seed, T_HOT_A, e) * HOT_AUCTION_RATIO >= 1, hot_a, _keys(uniform(cfg.seed, T_AUCTION, e), cfg.keys)
+    )
+    bidder = np.where(
+        uniform(cfg.seed, T_HOT_B, e) * HOT_BIDDER_RATIO >= 1, hot_b, _keys(uniform(cfg.seed, T_BIDDER, e), cfg.keys)
+    )
     price = np.floor(10.0 ** (uniform(cfg.seed, T_PRICE, e) * 6.0) * 100.0 + 0.5).astype(np.int64)
     ch = np.minimum((uniform(cfg.seed, T_CHANNEL, e) * len(CHANNELS)).astype(np.int64), len(CHANNELS) - 1)
     return pa.table(
-        [pa.array(e), pa.array(auction), pa.array(bidder), pa.array(price), pa.array(CHANNELS[ch], pa.string()),
-         pa.array(URLS[ch], pa.string()), pa.array(t)],
+        [
+            pa.array(e),
+            pa.array(auction),
+            pa.array(bidder),
+            pa.array(price),
+            pa.array(CHANNELS[ch], pa.string()),
+            pa.array(URLS[ch], pa.string()),
+            pa.array(t),
+        ],
         schema=BID_SCHEMA,
     )
 
@@ -247,8 +281,14 @@ def persons_of(cfg: Config, e: np.ndarray, t: np.ndarray) -> pa.Table:
     email = np.char.add(np.char.add("p", pid.astype(str)), "@nexmark.example").astype(object)
     city_i = np.minimum((uniform(cfg.seed, T_CITY, e) * len(CITIES)).astype(np.int64), len(CITIES) - 1)
     return pa.table(
-        [pa.array(pid), pa.array(name, pa.string()), pa.array(email, pa.string()), pa.array(CITIES[city_i], pa.string()),
-         pa.array(STATES[city_i % len(STATES)], pa.string()), pa.array(t)],
+        [
+            pa.array(pid),
+            pa.array(name, pa.string()),
+            pa.array(email, pa.string()),
+            pa.array(CITIES[city_i], pa.string()),
+            pa.array(STATES[city_i % len(STATES)], pa.string()),
+            pa.array(t),
+        ],
         schema=PERSON_SCHEMA,
     )
 
@@ -262,8 +302,16 @@ def auctions_of(cfg: Config, e: np.ndarray, t: np.ndarray) -> pa.Table:
     expires = t + 10_000 + np.floor(uniform(cfg.seed, T_EXPIRE, e) * 60_000).astype(np.int64)
     name = np.char.add("item-", (aid).astype(str)).astype(object)
     return pa.table(
-        [pa.array(aid), pa.array(name, pa.string()), pa.array(initial), pa.array(reserve), pa.array(seller),
-         pa.array(category), pa.array(expires), pa.array(t)],
+        [
+            pa.array(aid),
+            pa.array(name, pa.string()),
+            pa.array(initial),
+            pa.array(reserve),
+            pa.array(seller),
+            pa.array(category),
+            pa.array(expires),
+            pa.array(t),
+        ],
         schema=AUCTION_SCHEMA,
     )
 
@@ -289,7 +337,9 @@ def generate(cfg: Config) -> dict[str, pa.Table]:
     parts = list(blocks(cfg))
     return {
         name: pa.concat_tables([p[i] for p in parts]) if parts else schema.empty_table()
-        for i, (name, schema) in enumerate((("persons", PERSON_SCHEMA), ("auctions", AUCTION_SCHEMA), ("bids", BID_SCHEMA)))
+        for i, (name, schema) in enumerate(
+            (("persons", PERSON_SCHEMA), ("auctions", AUCTION_SCHEMA), ("bids", BID_SCHEMA))
+        )
     }
 
 
@@ -419,8 +469,18 @@ def write_sentinel(out: Path, t_ms: int, files_before: int) -> Path:
     every real window, so the trailing windows are emitted by the query's last (no-data) batch.
     Its own key (-1) and window lie far from every real one and are excluded from the comparison."""
     p = Path(out) / "bids" / "zz-sentinel.parquet"
-    t = pa.table([pa.array([-1]), pa.array([-1]), pa.array([-1]), pa.array([0]), pa.array(["sentinel"]),
-                  pa.array(["-"]), pa.array([t_ms])], schema=BID_SCHEMA)
+    t = pa.table(
+        [
+            pa.array([-1]),
+            pa.array([-1]),
+            pa.array([-1]),
+            pa.array([0]),
+            pa.array(["sentinel"]),
+            pa.array(["-"]),
+            pa.array([t_ms]),
+        ],
+        schema=BID_SCHEMA,
+    )
     pq.write_table(t, p)
     mt = 1_700_000_000 + files_before + 10
     os.utime(p, (mt, mt))
@@ -428,7 +488,7 @@ def write_sentinel(out: Path, t_ms: int, files_before: int) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--events", default="20K")
     ap.add_argument("--keys", default="1K")
     ap.add_argument("--seed", type=int, default=7)
@@ -438,8 +498,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     try:
-        cfg = Config(events=parse_count(a.events), keys=parse_count(a.keys), seed=a.seed, rate=a.rate,
-                     segments=a.segments, chunk_rows=a.chunk_rows)
+        cfg = Config(
+            events=parse_count(a.events),
+            keys=parse_count(a.keys),
+            seed=a.seed,
+            rate=a.rate,
+            segments=a.segments,
+            chunk_rows=a.chunk_rows,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -55,14 +55,25 @@ class Query:
 
 
 QUERIES = {
-    "q5": Query("q5", "Q5-like: bids per auction, sliding 10 s every 2 s", "auction", "sliding", size_ms=10_000, slide_ms=2_000),
-    "q7": Query("q7", "Q7-like: highest price, tumbling 10 s (one global group)", None, "tumbling", size_ms=10_000,
-                agg="max(price)", column="max_price"),
+    "q5": Query(
+        "q5", "Q5-like: bids per auction, sliding 10 s every 2 s", "auction", "sliding", size_ms=10_000, slide_ms=2_000
+    ),
+    "q7": Query(
+        "q7",
+        "Q7-like: highest price, tumbling 10 s (one global group)",
+        None,
+        "tumbling",
+        size_ms=10_000,
+        agg="max(price)",
+        column="max_price",
+    ),
     "q11": Query("q11", "Q11-like: bids per bidder session, gap 10 s", "bidder", "session", gap_ms=10_000),
 }
 
 #: The normal form of a result: key (string; null for q7), window bounds (epoch ms), value (int64).
-NORMAL = pa.schema([("key", pa.string()), ("window_start", pa.int64()), ("window_end", pa.int64()), ("value", pa.int64())])
+NORMAL = pa.schema(
+    [("key", pa.string()), ("window_start", pa.int64()), ("window_end", pa.int64()), ("value", pa.int64())]
+)
 
 
 def normalize(t: pa.Table, value_column: str) -> pa.Table:
@@ -80,7 +91,8 @@ def normalize(t: pa.Table, value_column: str) -> pa.Table:
         cols[c] = pc.cast(v, pa.int64())
     val = t[value_column]
     if pa.types.is_floating(val.type):
-        if t.num_rows and not pc.all(pc.equal(val, pc.floor(val))).as_py():
+        integral = pc.all(pc.equal(val, pc.floor(val)))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+        if t.num_rows and not integral.as_py():
             raise ValueError(f"{value_column}: non-integral values in a result that must be whole numbers")
         val = pc.cast(val, pa.int64())
     elif pa.types.is_decimal(val.type):
@@ -99,7 +111,7 @@ def counted_bids(q: Query, t: pa.Table) -> float:
     if q.agg != "count":
         raise ValueError(f"{q.name} is not a count query")
     per_bid = q.size_ms // q.slide_ms if q.kind == "sliding" else 1
-    return (pc.sum(t["value"]).as_py() or 0) / per_bid
+    return (pc.sum(t["value"]).as_py() or 0) / per_bid  # pyright: ignore[reportAttributeAccessIssue]  generated at import
 
 
 def diff(a: pa.Table, b: pa.Table, limit: int = 5) -> list[str]:
@@ -125,8 +137,9 @@ def diff(a: pa.Table, b: pa.Table, limit: int = 5) -> list[str]:
 
 def spark_stream(spark, q: Query, src: Path, out: Path, ckpt: Path, delay_ms: int, max_files: int, dedup: bool):
     """Start the streaming query (Trigger.AvailableNow); returns the StreamingQuery."""
-    from nexmark import BID_SCHEMA
     from pyspark.sql import functions as F
+
+    from nexmark import BID_SCHEMA
 
     ddl = ", ".join(f"{f.name} {'BIGINT' if pa.types.is_integer(f.type) else 'STRING'}" for f in BID_SCHEMA)
     ev = (
@@ -218,17 +231,19 @@ def duckdb_sql(q: Query, src_glob: str, dedup: bool) -> str:
                      FROM {src}, range(0, {n}) r(k))
                    GROUP BY ALL"""
     # sessions: a new session when the previous event of the key is more than `gap` earlier
-    return f"""SELECT key, min(date_time) AS window_start, max(date_time) + {q.gap_ms} AS window_end, {val} AS {q.column} FROM (
+    return f"""SELECT key, min(date_time) AS window_start, max(date_time) + {q.gap_ms} AS window_end,
+                      {val} AS {q.column} FROM (
                  SELECT *, sum(brk) OVER (PARTITION BY key ORDER BY date_time ROWS UNBOUNDED PRECEDING) AS sid FROM (
                    SELECT {key} AS key, date_time, price,
-                          CASE WHEN date_time - lag(date_time) OVER (PARTITION BY {key} ORDER BY date_time) <= {q.gap_ms}
-                               THEN 0 ELSE 1 END AS brk
+                          CASE WHEN date_time - lag(date_time) OVER (PARTITION BY {key} ORDER BY date_time)
+                                    <= {q.gap_ms} THEN 0 ELSE 1 END AS brk
                    FROM {src}))
                GROUP BY key, sid"""
 
 
 def run_duckdb(q: Query, src: Path, dedup: bool, threads: int | None = None) -> tuple[pa.Table, float]:
     import duckdb
+
     from common import cpu_count
 
     con = duckdb.connect()
@@ -244,7 +259,7 @@ def run_duckdb(q: Query, src: Path, dedup: bool, threads: int | None = None) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("engine", choices=("spark", "duckdb"))
     ap.add_argument("--query", required=True, choices=sorted(QUERIES))
     ap.add_argument("--src", type=Path, required=True, help="directory of the bid files")

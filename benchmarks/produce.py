@@ -54,7 +54,7 @@ def generate(n: int, seed: int, out: Path) -> tuple[Path, Path]:
     pq.write_table(table, pq_path)
     jl_path = out / "events.jsonl"
     with jl_path.open("w") as f:
-        for t, u, i, a in zip(ts.tolist(), users.tolist(), range(n), amounts.tolist()):
+        for t, u, i, a in zip(ts.tolist(), users.tolist(), range(n), amounts.tolist(), strict=True):
             f.write(f'{{"ts": {t}, "user_id": "u{u}", "event_id": "e{seed}-{i}", "amount": {a}}}\n')
     return jl_path, pq_path
 
@@ -79,16 +79,23 @@ def child(path: str, segment: str) -> None:
     from wire_dagster.spec import load_pipeline
     from wire_dagster.streams import produce
 
-    store = ObjectStore(S3Config.from_env())
+    cfg = S3Config.from_env()
+    if cfg is None:
+        raise SystemExit("produce.py --child: WIRE_S3_ENDPOINT is not set (the parent passes its store)")
+    store = ObjectStore(cfg)
     spec = load_pipeline(PIPELINE)
     t0, c0 = time.perf_counter(), time.process_time()  # process time: every thread (DuckDB's too)
     rep = produce(store, spec, Path(path), segment=segment)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"seconds": dt, "cpu": cpu, "events": rep.events, "malformed": rep.malformed, "chunks": len(rep.chunks)}))
+    print(
+        json.dumps(
+            {"seconds": dt, "cpu": cpu, "events": rep.events, "malformed": rep.malformed, "chunks": len(rep.chunks)}
+        )
+    )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-cli", action="store_true", help="Skip timing the `wire produce` command.")
@@ -114,8 +121,11 @@ def main() -> int:
             env = dict(os.environ, **cfg.export_env(), WIRE_HOME=str(tmpd / "home"))
             t0 = time.perf_counter()
             jl, pqf = generate(args.events, args.seed, tmpd)
-            print(f"generated {args.events} events in {time.perf_counter() - t0:.1f}s: "
-                  f"JSONL {jl.stat().st_size / 1e6:.0f} MB, Parquet {pqf.stat().st_size / 1e6:.0f} MB", file=sys.stderr)
+            print(
+                f"generated {args.events} events in {time.perf_counter() - t0:.1f}s: "
+                f"JSONL {jl.stat().st_size / 1e6:.0f} MB, Parquet {pqf.stat().st_size / 1e6:.0f} MB",
+                file=sys.stderr,
+            )
             rows = []
             wire = str(Path(sys.executable).parent / "wire")
             for fmt, path in (("JSONL", jl), ("Parquet", pqf)):
@@ -123,21 +133,33 @@ def main() -> int:
                 wall, cpu, rss, so = run_measured([sys.executable, __file__, "--child", str(path), seg + "-api"], env)
                 res = json.loads(so.strip().splitlines()[-1])
                 assert res["events"] == args.events and res["malformed"] == 0, res
-                rows.append((fmt, "streams.produce", path.stat().st_size, res["seconds"], res["cpu"], res["chunks"], rss))
+                rows.append(
+                    (fmt, "streams.produce", path.stat().st_size, res["seconds"], res["cpu"], res["chunks"], rss)
+                )
                 if not args.no_cli:
-                    wall, cpu, rss, _ = run_measured([wire, "produce", "--pipeline", str(PIPELINE), "--file", str(path),
-                                                      "--segment", seg + "-cli"], env)
-                    rows.append((fmt, "wire produce (whole command)", path.stat().st_size, wall, cpu, res["chunks"], rss))
+                    wall, cpu, rss, _ = run_measured(
+                        [wire, "produce", "--pipeline", str(PIPELINE), "--file", str(path), "--segment", seg + "-cli"],
+                        env,
+                    )
+                    rows.append(
+                        (fmt, "wire produce (whole command)", path.stat().st_size, wall, cpu, res["chunks"], rss)
+                    )
         finally:
             if server is not None:
                 server.stop()
     load = os.getloadavg()[0]
-    print(f"\n{args.events:,} events (pipeline clicks, seed {args.seed}), {os.cpu_count()} CPUs, load average {load:.1f}\n")
+    print(
+        f"\n{args.events:,} events (pipeline clicks, seed {args.seed}), {os.cpu_count()} CPUs, load average "
+        f"{load:.1f}\n"
+    )
     print("| input | measured | file MB | wall s | events/s | CPU s | chunks | peak RSS MB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for fmt, what, size, sec, cpu, chunks, rss in rows:
         cpu_s = f"{cpu:.1f}"
-        print(f"| {fmt} | {what} | {size / 1e6:.0f} | {sec:.2f} | {args.events / sec:,.0f} | {cpu_s} | {chunks} | {rss / 1e6:.0f} |")
+        print(
+            f"| {fmt} | {what} | {size / 1e6:.0f} | {sec:.2f} | {args.events / sec:,.0f} | {cpu_s} | {chunks} | "
+            f"{rss / 1e6:.0f} |"
+        )
     return 0
 
 

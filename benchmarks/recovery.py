@@ -85,8 +85,15 @@ def runs_ended(bs: BenchStack, allowed_failures: set[str]) -> bool:
     bad = [r for r in runs if r["status"] in ("FAILURE", "CANCELED") and r["runId"] not in allowed_failures]
     if bad:
         r = bad[0]
-        msgs = [e["message"] for e in bs.run_events(r["runId"]) if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")]
-        raise RuntimeError(f"run {r['runId']} ({r['tags'].get('dagster/partition')}) ended {r['status']}: " + " | ".join(m[:1500] for m in msgs[-3:]))
+        msgs = [
+            e["message"]
+            for e in bs.run_events(r["runId"])
+            if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")
+        ]
+        raise RuntimeError(
+            f"run {r['runId']} ({r['tags'].get('dagster/partition')}) ended {r['status']}: "
+            + " | ".join(m[:1500] for m in msgs[-3:])
+        )
     return not any(r["status"] in ACTIVE for r in runs)
 
 
@@ -101,9 +108,11 @@ def pid_gone(pid: int) -> bool:
 
 def materialized(bs: BenchStack, window: str, partitions: list[str]) -> dict[str, str]:
     """partition key -> run id of its latest materialization of `window`."""
-    d = bs.gql("""query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
+    d = bs.gql(
+        """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
                  assetMaterializations(partitions: $p) { partition runId timestamp } } } }""",
-               {"k": {"path": [bs.spec.name, window]}, "p": partitions})
+        {"k": {"path": [bs.spec.name, window]}, "p": partitions},
+    )
     a = d["assetOrError"]
     out: dict[str, tuple[float, str]] = {}
     if a["__typename"] == "Asset":
@@ -117,7 +126,6 @@ def check_against_reference(bs: BenchStack, inputs: dict[int, list[dict]], commi
     """tests/reference.py over the committed epochs' splits; results and counts must be equal."""
     import reference
     from commit_scenario import read_all
-
     from wire_dagster.checkpoint import Checkpoints
     from wire_dagster.spec import field_column
     from wire_dagster.timeutil import NEG_INF
@@ -129,8 +137,17 @@ def check_against_reference(bs: BenchStack, inputs: dict[int, list[dict]], commi
         evs = []
         for seq in range(lo, c.upto):
             for i, e in enumerate(inputs[seq]):
-                evs.append({"_seg": "0", "_seq": seq, "_row": i, "_t": e["ts"], "_key": e["user"], "_id": e["eid"],
-                            field_column("amount"): float(e["amount"])})
+                evs.append(
+                    {
+                        "_seg": "0",
+                        "_seq": seq,
+                        "_row": i,
+                        "_t": e["ts"],
+                        "_key": e["user"],
+                        "_id": e["eid"],
+                        field_column("amount"): float(e["amount"]),
+                    }
+                )
                 max_t = max(max_t, e["ts"])
         lo = c.upto
         w = max(w, max_t - OOO)
@@ -142,36 +159,59 @@ def check_against_reference(bs: BenchStack, inputs: dict[int, list[dict]], commi
         want, g = st.view.get(win.name, {}), got[win.name]
         rows[win.name] = (len(g), len(want))
         if set(g) != set(want):
-            problems.append(f"{win.name}: missing {sorted(set(want) - set(g))[:3]}, extra {sorted(set(g) - set(want))[:3]}")
+            problems.append(
+                f"{win.name}: missing {sorted(set(want) - set(g))[:3]}, extra {sorted(set(g) - set(want))[:3]}"
+            )
             continue
         for ident, row in want.items():
             for col, v in row.items():
                 x = g[ident][col]
-                same = math.isclose(x, v, rel_tol=1e-9, abs_tol=1e-9) if isinstance(v, float) and x is not None else x == v
+                same = (
+                    math.isclose(x, v, rel_tol=1e-9, abs_tol=1e-9) if isinstance(v, float) and x is not None else x == v
+                )
                 if not same:
                     problems.append(f"{win.name} {ident} {col}: {x} != reference {v}")
     m = Checkpoints(bs.store, spec.name).latest()
+    if m is None:  # the warm-up partitions commit before the kill: this is a broken run
+        return {"rows": rows, "problems": [*problems, "no epoch is committed"]}
     t = m.totals
     produced = sum(len(v) for seq, v in inputs.items() if seq < lo)  # the chunks the committed epochs read
     if not t.balanced():
         problems.append(f"counts do not balance: {t}")
     if t.events_in != produced:
         problems.append(f"events_in {t.events_in} != {produced} produced")
-    if t.duplicate != st.counts["duplicate"] or t.counted != {k: v["counted"] for k, v in st.window_counts.items()} \
-            or t.late != {k: v["late"] for k, v in st.window_counts.items()}:
+    if (
+        t.duplicate != st.counts["duplicate"]
+        or t.counted != {k: v["counted"] for k, v in st.window_counts.items()}
+        or t.late != {k: v["late"] for k, v in st.window_counts.items()}
+    ):
         problems.append(f"counts {t} != reference {st.counts} {st.window_counts}")
     if m.watermark != w:
         problems.append(f"W {m.watermark} != reference {w}")
-    return {"rows": rows, "problems": problems, "totals": t.model_dump(), "produced": produced, "chunks_committed": lo,
-            "chunks_landed": len(inputs), "epoch": m.epoch, "watermark": m.watermark}
+    return {
+        "rows": rows,
+        "problems": problems,
+        "totals": t.model_dump(),
+        "produced": produced,
+        "chunks_committed": lo,
+        "chunks_landed": len(inputs),
+        "epoch": m.epoch,
+        "watermark": m.watermark,
+    }
 
 
 def scenario_overrides(name: str, args) -> dict | None:
     """dagster.yaml overrides (merged into the project's) of each scenario."""
     # As docker/dagster.yaml: retry runs whose worker crashed, not runs whose assets failed.
     retries = {"run_retries": {"enabled": True, "max_retries": args.max_retries, "retry_on_asset_or_op_failure": False}}
-    monitoring = {"run_monitoring": {"enabled": True, "poll_interval_seconds": 5, "free_slots_after_run_end_seconds": 1,
-                                     "max_resume_run_attempts": 0}}
+    monitoring = {
+        "run_monitoring": {
+            "enabled": True,
+            "poll_interval_seconds": 5,
+            "free_slots_after_run_end_seconds": 1,
+            "max_resume_run_attempts": 0,
+        }
+    }
     return {"project": None, "retries": retries, "monitored": {**retries, **monitoring}}[name]
 
 
@@ -187,11 +227,18 @@ def scenario(name: str, args, tmp: Path) -> dict:
     n_total = args.warmup + 2
     t0 = (int(time.time() * 1000) - (n_total + 5) * M) // H * H - H
     rng = random.Random(args.seed)
-    bs = BenchStack(tmp / "stack", pipeline_dict(t0, args.windows, args.sensor_interval), instance_overrides=overrides,
-                    dagster_env={"WIRE_PAUSE": "before-spark", "WIRE_PAUSE_DIR": str(pause), "WIRE_PAUSE_TIMEOUT": "900"},
-                    spark_ui=True)
+    bs = BenchStack(
+        tmp / "stack",
+        pipeline_dict(t0, args.windows, args.sensor_interval),
+        instance_overrides=overrides,
+        dagster_env={"WIRE_PAUSE": "before-spark", "WIRE_PAUSE_DIR": str(pause), "WIRE_PAUSE_TIMEOUT": "900"},
+        spark_ui=True,
+    )
     (tmp / "stack").mkdir()
-    log = lambda s: print(f"[{name}] {s}", file=sys.stderr, flush=True)
+
+    def log(s: str) -> None:
+        print(f"[{name}] {s}", file=sys.stderr, flush=True)
+
     inputs: dict[int, list[dict]] = {}
     out: dict = {"scenario": name, "instance": overrides or "project"}
     try:
@@ -214,16 +261,29 @@ def scenario(name: str, args, tmp: Path) -> dict:
         wait(lambda: held.exists() and held.read_text().strip(), args.timeout, "the run worker held before Spark", bs)
         t_held = time.time()
         pid = int(held.read_text())
-        victim = wait(lambda: next((r for r in bs.runs() if r["status"] == "STARTED" and r["tags"].get("dagster/partition") == pk), None),
-                      60, "the victim run STARTED", bs)
+        victim = wait(
+            lambda: next(
+                (r for r in bs.runs() if r["status"] == "STARTED" and r["tags"].get("dagster/partition") == pk), None
+            ),
+            60,
+            "the victim run STARTED",
+            bs,
+        )
         ev = {e["message"] for e in bs.run_events(victim["runId"])}
         if f"Started process for run (pid: {pid})." not in ev:
-            raise RuntimeError(f"pid {pid} from the pause file is not run {victim['runId']}'s worker (events: {sorted(ev)[:5]})")
+            raise RuntimeError(
+                f"pid {pid} from the pause file is not run {victim['runId']}'s worker (events: {sorted(ev)[:5]})"
+            )
         jobs_before = {j["id"] for j in bs.spark_jobs()}
         go.touch()
         t_go = time.time()
-        job = wait(lambda: next((j for j in bs.spark_jobs() if j["id"] not in jobs_before and j["status"] == "RUNNING"), None),
-                   args.timeout, "a Spark job of the victim's epoch RUNNING", bs, every=0.05)
+        job = wait(
+            lambda: next((j for j in bs.spark_jobs() if j["id"] not in jobs_before and j["status"] == "RUNNING"), None),
+            args.timeout,
+            "a Spark job of the victim's epoch RUNNING",
+            bs,
+            every=0.05,
+        )
         t_job_seen = time.time()
         os.kill(pid, signal.SIGKILL)
         t_kill = time.time()
@@ -234,20 +294,48 @@ def scenario(name: str, args, tmp: Path) -> dict:
         prepared = Checkpoints(bs.store, bs.spec.name).epochs()
         if epoch in prepared:
             raise RuntimeError(f"epoch {epoch} has objects already: the kill came after the manifest, not during Spark")
-        log(f"killed run worker {pid} of run {victim['runId']} during Spark job {job['id']} "
-            f"({len(jobs_seen)} jobs of the epoch submitted, {t_kill - t_go:.2f}s after go)")
-        failed = wait(lambda: next((r for r in bs.runs() if r["runId"] == victim["runId"] and r["status"] in ("FAILURE", "CANCELED")), None),
-                      args.timeout, "the killed run marked failed", bs, every=0.1)
-        fev = [e for e in bs.run_events(victim["runId"]) if e["eventType"] in ("RUN_FAILURE", "ENGINE_EVENT") and e["t"] >= t_kill - 1]
+        log(
+            f"killed run worker {pid} of run {victim['runId']} during Spark job {job['id']} "
+            f"({len(jobs_seen)} jobs of the epoch submitted, {t_kill - t_go:.2f}s after go)"
+        )
+        failed = wait(
+            lambda: next(
+                (r for r in bs.runs() if r["runId"] == victim["runId"] and r["status"] in ("FAILURE", "CANCELED")), None
+            ),
+            args.timeout,
+            "the killed run marked failed",
+            bs,
+            every=0.1,
+        )
+        fev = [
+            e
+            for e in bs.run_events(victim["runId"])
+            if e["eventType"] in ("RUN_FAILURE", "ENGINE_EVENT") and e["t"] >= t_kill - 1
+        ]
         t_failed = next((e["t"] for e in fev if e["eventType"] == "RUN_FAILURE"), failed.get("endTime"))
         crash_msg = next((e["message"] for e in fev if e["eventType"] == "ENGINE_EVENT"), "")
-        log(f"run marked {failed['status']} {t_failed - t_kill:.2f}s after the kill: {crash_msg[:120]}")
+        after = f"{t_failed - t_kill:.2f}s" if t_failed is not None else "(no failure time)"
+        log(f"run marked {failed['status']} {after} after the kill: {crash_msg[:120]}")
 
-        timeline = {"landed": t_land, "held before Spark": t_held, "go": t_go, "Spark job submitted": job["submitted"],
-                    "Spark job seen RUNNING": t_job_seen, "SIGKILL": t_kill, "run marked failed": t_failed}
+        timeline = {
+            "landed": t_land,
+            "held before Spark": t_held,
+            "go": t_go,
+            "Spark job submitted": job["submitted"],
+            "Spark job seen RUNNING": t_job_seen,
+            "SIGKILL": t_kill,
+            "run marked failed": t_failed,
+        }
         out["pools_after_failure"] = bs.pools()
-        out["victim"] = {"run": victim["runId"], "pid": pid, "partition": pk, "epoch": epoch, "spark_job": job["id"],
-                         "jobs_submitted_before_kill": len(jobs_seen), "crash_event": crash_msg}
+        out["victim"] = {
+            "run": victim["runId"],
+            "pid": pid,
+            "partition": pk,
+            "epoch": epoch,
+            "spark_job": job["id"],
+            "jobs_submitted_before_kill": len(jobs_seen),
+            "crash_event": crash_msg,
+        }
 
         def committed() -> bool:
             watcher.poll()
@@ -268,9 +356,21 @@ def scenario(name: str, args, tmp: Path) -> dict:
         t_obs = time.time()
         ticks = [t for t in bs.sensor_ticks(after=t_kill) if t["timestamp"] <= t_obs]
         new_runs = [r for r in bs.runs() if r["creationTime"] > t_kill and r["creationTime"] <= t_obs]
-        out["observed"] = {"seconds": args.observe, "commit": ok, "ticks": len(ticks), "tick_statuses": sorted({t["status"] for t in ticks}),
-                           "new_runs": [(r["runId"][:8], r["status"], r["tags"].get("dagster/partition"),
-                                         (r["tags"].get("dagster/parent_run_id") or "")[:8]) for r in new_runs]}
+        out["observed"] = {
+            "seconds": args.observe,
+            "commit": ok,
+            "ticks": len(ticks),
+            "tick_statuses": sorted({t["status"] for t in ticks}),
+            "new_runs": [
+                (
+                    r["runId"][:8],
+                    r["status"],
+                    r["tags"].get("dagster/partition"),
+                    (r["tags"].get("dagster/parent_run_id") or "")[:8],
+                )
+                for r in new_runs
+            ],
+        }
         log(f"watched {args.observe:.0f}s after the kill: {out['observed']}")
         next_land = None
         if not ok:
@@ -280,18 +380,37 @@ def scenario(name: str, args, tmp: Path) -> dict:
             log(f"landed the next chunk k={k + 1}; waiting up to {args.stuck_wait:.0f}s for a commit")
             ok = watch(args.stuck_wait)
         runs = sorted(bs.runs(), key=lambda r: r["creationTime"])
-        out["runs"] = [{"id": x["runId"][:8], "status": x["status"], "partition": x["tags"].get("dagster/partition"),
-                        "epoch": x["tags"].get("wire/epoch"), "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
-                        "created_after_kill": round(x["creationTime"] - t_kill, 2)} for x in runs]
+        out["runs"] = [
+            {
+                "id": x["runId"][:8],
+                "status": x["status"],
+                "partition": x["tags"].get("dagster/partition"),
+                "epoch": x["tags"].get("wire/epoch"),
+                "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
+                "created_after_kill": round(x["creationTime"] - t_kill, 2),
+            }
+            for x in runs
+        ]
         if not ok:
             out["pools_at_end"] = bs.pools()
             stuck = [r for r in runs if r["status"] in ACTIVE]
-            out.update(recovered_by=None, kill_to_commit=None, land_to_commit=None, next_land_to_commit=None,
-                       stuck={"seconds_after_kill": time.time() - t_kill,
-                              "active_runs": [(r["runId"][:8], r["status"], r["tags"].get("dagster/partition")) for r in stuck]})
-            log(f"NOT recovered {time.time() - t_kill:.0f}s after the kill; active runs {out['stuck']['active_runs']}; pools {out['pools_at_end']}")
+            out.update(
+                recovered_by=None,
+                kill_to_commit=None,
+                land_to_commit=None,
+                next_land_to_commit=None,
+                stuck={
+                    "seconds_after_kill": time.time() - t_kill,
+                    "active_runs": [(r["runId"][:8], r["status"], r["tags"].get("dagster/partition")) for r in stuck],
+                },
+            )
+            log(
+                f"NOT recovered {time.time() - t_kill:.0f}s after the kill; active runs {out['stuck']['active_runs']}; "
+                f"pools {out['pools_at_end']}"
+            )
         else:
             c = watcher.commit_of(seq)
+            assert c is not None  # ok: watch() saw it, and commits are never forgotten
             timeline["commit marker seen"] = c.t_seen
             wait(lambda: runs_ended(bs, {victim["runId"]}), args.timeout, "runs end", bs, every=0.25)
             runs = sorted(bs.runs(), key=lambda r: r["creationTime"])
@@ -305,19 +424,40 @@ def scenario(name: str, args, tmp: Path) -> dict:
             if committing is None:
                 raise RuntimeError(f"no run logged epoch {c.epoch}")
             r, ph = committing
-            timeline.update({"recovering run created": r["creationTime"], "recovering run started": r["startTime"],
-                             f"epoch {c.epoch} logged (recovering run)": ph["epoch_log"]})
+            timeline.update(
+                {
+                    "recovering run created": r["creationTime"],
+                    "recovering run started": r["startTime"],
+                    f"epoch {c.epoch} logged (recovering run)": ph["epoch_log"],
+                }
+            )
             if r["tags"].get("dagster/parent_run_id") == victim["runId"]:
-                recovered_by = f"the daemon's retry {r['tags'].get('dagster/retry_number', '?')} of the killed run (run {r['runId'][:8]})"
+                retry = r["tags"].get("dagster/retry_number", "?")
+                recovered_by = f"the daemon's retry {retry} of the killed run (run {r['runId'][:8]})"
             else:
-                recovered_by = (f"run {r['runId'][:8]} for partition {r['tags'].get('dagster/partition')} ({r['tags'].get('wire/reason', '?')}), "
-                                "requested by the sensor" + (" after the next chunk landed" if next_land else ""))
-            out.update(recovered_by=recovered_by, kill_to_commit=c.t_seen - t_kill, land_to_commit=c.t_seen - t_land,
-                       next_land_to_commit=(c.t_seen - next_land) if next_land else None,
-                       commit={"epoch": c.epoch, "chunks_upto": c.upto, "events_in": c.events_in})
-            out["runs"] = [{"id": x["runId"][:8], "status": x["status"], "partition": x["tags"].get("dagster/partition"),
-                            "epoch": x["tags"].get("wire/epoch"), "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
-                            "created_after_kill": round(x["creationTime"] - t_kill, 2)} for x in runs]
+                recovered_by = (
+                    f"run {r['runId'][:8]} for partition {r['tags'].get('dagster/partition')} "
+                    f"({r['tags'].get('wire/reason', '?')}), "
+                    "requested by the sensor" + (" after the next chunk landed" if next_land else "")
+                )
+            out.update(
+                recovered_by=recovered_by,
+                kill_to_commit=c.t_seen - t_kill,
+                land_to_commit=c.t_seen - t_land,
+                next_land_to_commit=(c.t_seen - next_land) if next_land else None,
+                commit={"epoch": c.epoch, "chunks_upto": c.upto, "events_in": c.events_in},
+            )
+            out["runs"] = [
+                {
+                    "id": x["runId"][:8],
+                    "status": x["status"],
+                    "partition": x["tags"].get("dagster/partition"),
+                    "epoch": x["tags"].get("wire/epoch"),
+                    "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
+                    "created_after_kill": round(x["creationTime"] - t_kill, 2),
+                }
+                for x in runs
+            ]
             log(f"recovered: commit of epoch {c.epoch} {c.t_seen - t_kill:.2f}s after the kill, by {recovered_by}")
         out["timeline"] = timeline
 
@@ -337,7 +477,11 @@ def scenario(name: str, args, tmp: Path) -> dict:
         try:
             for r in sorted(bs.runs(), key=lambda r: r["creationTime"]):
                 tail = [(e["eventType"] or e["type"], e["message"][:150]) for e in bs.run_events(r["runId"])[-4:]]
-                print(f"run {r['runId'][:8]} {r['status']} {r['tags'].get('dagster/partition')} e{r['tags'].get('wire/epoch')}: {tail}", file=sys.stderr)
+                print(
+                    f"run {r['runId'][:8]} {r['status']} {r['tags'].get('dagster/partition')} "
+                    f"e{r['tags'].get('wire/epoch')}: {tail}",
+                    file=sys.stderr,
+                )
         except (OSError, RuntimeError, KeyError) as e:  # diagnostics only
             print(f"(runs not listed: {e})", file=sys.stderr)
         for p in bs.procs:
@@ -357,7 +501,10 @@ def report(args, results: list[dict], load0: str, load1: str, wall: float) -> st
 
     def recovery(r: dict) -> str:
         if r.get("kill_to_commit") is None:
-            return f"NOT recovered ({r['stuck']['seconds_after_kill']:.0f} s after the kill; next chunk landed {args.observe:.0f} s after it)"
+            return (
+                f"NOT recovered ({r['stuck']['seconds_after_kill']:.0f} s after the kill; "
+                f"next chunk landed {args.observe:.0f} s after it)"
+            )
         s = f"{r['kill_to_commit']:.2f} s"
         if r.get("next_land_to_commit") is not None:
             s += f" (only after the next chunk landed; chunk → commit {r['next_land_to_commit']:.2f} s)"
@@ -365,61 +512,133 @@ def report(args, results: list[dict], load0: str, load1: str, wall: float) -> st
 
     def mats(r: dict) -> str:
         m = r["materialized"]
-        return f"{sum(m.values())}/{len(m)}" + ("" if all(m.values()) else " (missing " + ", ".join(p for p, ok in m.items() if not ok) + ")")
+        return f"{sum(m.values())}/{len(m)}" + (
+            "" if all(m.values()) else " (missing " + ", ".join(p for p, ok in m.items() if not ok) + ")"
+        )
 
     out = [
-        f"# Recovery under `dagster dev`: kill -9 of a run worker during Spark → next commit ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "# Recovery under `dagster dev`: kill -9 of a run worker during Spark → next commit "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
         f"`{' '.join(['.venv/bin/python', 'benchmarks/recovery.py', *sys.argv[1:]])}` at commit {rev}.",
         "",
-        f"- Machine: {len(os.sched_getaffinity(0))} cores, shared. `uptime` before: `{load0}`; after: `{load1}`. {wall / 60:.1f} min in all.",
-        (f"- Pipeline: benchmarks/latency.py's (1-minute partitions, windows {args.windows}, sensor interval {args.sensor_interval} s, "
-        f"{args.events_per_chunk} events per chunk, one segment); {args.warmup} warm-up partitions, then the victim partition."),
-        ("- The victim's run worker is held at WIRE_PAUSE=before-spark, released, and killed (SIGKILL to its pid, checked against Dagster's "
-        "\"Started process for run (pid)\" event) while the Connect server's REST API shows a Spark job of its epoch RUNNING; "
-        "no object of the epoch existed at the kill (checked)."),
-        f"- Then: watch {args.observe:.0f} s for a commit with no new data; if none, land the next chunk and wait {args.stuck_wait:.0f} s more.",
-        ("- Exactness: the committed results of every window equal tests/reference.py run over the committed epochs (splits from the manifests, "
-        "events from the benchmark's own input, W from those events); the counts balance and equal the reference's."),
+        f"- Machine: {len(os.sched_getaffinity(0))} cores, shared. `uptime` before: `{load0}`; after: `{load1}`. "
+        f"{wall / 60:.1f} min in all.",
+        (
+            f"- Pipeline: benchmarks/latency.py's (1-minute partitions, windows {args.windows}, sensor interval "
+            f"{args.sensor_interval} s, {args.events_per_chunk} events per chunk, one segment); {args.warmup} warm-up "
+            "partitions, then the victim partition."
+        ),
+        (
+            "- The victim's run worker is held at WIRE_PAUSE=before-spark, released, and killed (SIGKILL to its pid, "
+            "checked against Dagster's "
+            '"Started process for run (pid)" event) while the Connect server\'s REST API shows a Spark job of its '
+            "epoch RUNNING; no object of the epoch existed at the kill (checked)."
+        ),
+        f"- Then: watch {args.observe:.0f} s for a commit with no new data; if none, land the next chunk and wait "
+        f"{args.stuck_wait:.0f} s more.",
+        (
+            "- Exactness: the committed results of every window equal tests/reference.py run over the committed "
+            "epochs (splits from the manifests, events from the benchmark's own input, W from those events); the "
+            "counts balance and equal the reference's."
+        ),
         "",
-        md_table(["scenario", "dagster.yaml", "kill → run FAILURE", "kill → commit", "recovered by", "results = reference, counts balance",
-                  "partitions materialized"],
-                 [[r["scenario"], "project's" if r["instance"] == "project" else f"project's + `{json.dumps(r['instance'])}`",
-                   f"{r['timeline']['run marked failed'] - r['timeline']['SIGKILL']:.2f} s", recovery(r), r.get("recovered_by") or "-",
-                   "yes" if not r["check"]["problems"] else "NO: " + "; ".join(r["check"]["problems"][:3]), mats(r)]
-                  for r in results], align="llrrlll"),
+        md_table(
+            [
+                "scenario",
+                "dagster.yaml",
+                "kill → run FAILURE",
+                "kill → commit",
+                "recovered by",
+                "results = reference, counts balance",
+                "partitions materialized",
+            ],
+            [
+                [
+                    r["scenario"],
+                    "project's" if r["instance"] == "project" else f"project's + `{json.dumps(r['instance'])}`",
+                    f"{r['timeline']['run marked failed'] - r['timeline']['SIGKILL']:.2f} s",
+                    recovery(r),
+                    r.get("recovered_by") or "-",
+                    "yes" if not r["check"]["problems"] else "NO: " + "; ".join(r["check"]["problems"][:3]),
+                    mats(r),
+                ]
+                for r in results
+            ],
+            align="llrrlll",
+        ),
         "",
     ]
     for r in results:
         t_kill = r["timeline"]["SIGKILL"]
         v = r["victim"]
         o = r["observed"]
-        out += [f"## Scenario `{r['scenario']}`", "",
-                (f"Victim: run {v['run'][:8]} (partition {v['partition']}, epoch {v['epoch']}), worker pid {v['pid']}, killed during Spark job "
-                f"{v['spark_job']} ({v['jobs_submitted_before_kill']} jobs of the epoch submitted by then). Dagster: \"{v['crash_event'][:170]}\""), "",
-                f"Pools right after the run was marked failed: `{json.dumps(r['pools_after_failure'])}`.", "",
-                (f"Watched {o['seconds']:.0f} s after the kill with no new data: commit {'yes' if o['commit'] else 'no'}; {o['ticks']} sensor ticks "
-                f"({', '.join(o['tick_statuses']) or '-'}); runs created: {o['new_runs'] or 'none'}."), ""]
+        out += [
+            f"## Scenario `{r['scenario']}`",
+            "",
+            (
+                f"Victim: run {v['run'][:8]} (partition {v['partition']}, epoch {v['epoch']}), worker pid {v['pid']}, "
+                "killed during Spark job "
+                f"{v['spark_job']} ({v['jobs_submitted_before_kill']} jobs of the epoch submitted by then). "
+                f'Dagster: "{v["crash_event"][:170]}"'
+            ),
+            "",
+            f"Pools right after the run was marked failed: `{json.dumps(r['pools_after_failure'])}`.",
+            "",
+            (
+                f"Watched {o['seconds']:.0f} s after the kill with no new data: commit "
+                f"{'yes' if o['commit'] else 'no'}; {o['ticks']} sensor ticks "
+                f"({', '.join(o['tick_statuses']) or '-'}); runs created: {o['new_runs'] or 'none'}."
+            ),
+            "",
+        ]
         if r.get("stuck"):
-            out += [f"Not recovered: active runs {r['stuck']['active_runs']}; pools at the end: `{json.dumps(r.get('pools_at_end'))}`.", ""]
-        out += [md_table(["event", "t − kill (s)"], [[k, f"{t - t_kill:+.2f}"] for k, t in sorted(r["timeline"].items(), key=lambda kv: kv[1])]), "",
-                (f"Check against tests/reference.py (committed epoch {r['check']['epoch']}): rows per window (committed, reference) {r['check']['rows']}; "
-                f"{r['check']['chunks_committed']} of {r['check']['chunks_landed']} landed chunks committed, holding {r['check']['produced']} events; committed totals {json.dumps(r['check']['totals'])}; problems: {r['check']['problems'] or 'none'}."), "",
-                "Runs (creation − kill, s): " + "; ".join(f"{x['id']} {x['status']} {x['partition']} e{x['epoch']} ({x['created_after_kill']:+.1f})"
-                                                      + (f" retry of {x['retry_of']}" if x["retry_of"] else "") for x in r["runs"]), ""]
+            out += [
+                f"Not recovered: active runs {r['stuck']['active_runs']}; pools at the end: "
+                f"`{json.dumps(r.get('pools_at_end'))}`.",
+                "",
+            ]
+        out += [
+            md_table(
+                ["event", "t − kill (s)"],
+                [[k, f"{t - t_kill:+.2f}"] for k, t in sorted(r["timeline"].items(), key=lambda kv: kv[1])],
+            ),
+            "",
+            (
+                f"Check against tests/reference.py (committed epoch {r['check']['epoch']}): rows per window "
+                f"(committed, reference) {r['check']['rows']}; {r['check']['chunks_committed']} of "
+                f"{r['check']['chunks_landed']} landed chunks committed, holding {r['check']['produced']} events; "
+                f"committed totals {json.dumps(r['check']['totals'])}; problems: {r['check']['problems'] or 'none'}."
+            ),
+            "",
+            "Runs (creation − kill, s): "
+            + "; ".join(
+                f"{x['id']} {x['status']} {x['partition']} e{x['epoch']} ({x['created_after_kill']:+.1f})"
+                + (f" retry of {x['retry_of']}" if x["retry_of"] else "")
+                for x in r["runs"]
+            ),
+            "",
+        ]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
     ap.add_argument("--warmup", type=int, default=2, help="partitions committed before the victim (at least 1)")
     ap.add_argument("--events-per-chunk", type=int, default=200)
     ap.add_argument("--windows", choices=["all", "tumbling"], default="all")
     ap.add_argument("--sensor-interval", type=int, default=5)
     ap.add_argument("--max-retries", type=int, default=2, help="run_retries.max_retries of the retries scenario")
-    ap.add_argument("--observe", type=float, default=90, help="seconds to watch for a recovery after the kill before landing more data")
-    ap.add_argument("--stuck-wait", type=float, default=120, help="seconds to wait for a commit after the next chunk landed")
+    ap.add_argument(
+        "--observe",
+        type=float,
+        default=90,
+        help="seconds to watch for a recovery after the kill before landing more data",
+    )
+    ap.add_argument(
+        "--stuck-wait", type=float, default=120, help="seconds to wait for a commit after the next chunk landed"
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--timeout", type=float, default=600, help="bound on any one wait (s)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -439,7 +658,12 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"recovery-{time.strftime('%Y-%m-%d-%H%M')}.md"
-    path.write_text(md + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n" + json.dumps(results, indent=1, default=str) + "\n```\n</details>\n")
+    path.write_text(
+        md
+        + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n"
+        + json.dumps(results, indent=1, default=str)
+        + "\n```\n</details>\n"
+    )
     print(f"\nwritten to {path}", file=sys.stderr)
     bad = [r["scenario"] for r in results if r["check"]["problems"]]
     return 1 if bad else 0

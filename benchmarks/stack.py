@@ -29,27 +29,30 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from dagster_stack import (
-    CONNECT_CONF,
-    Proc,
-    clean_env,
-    free_port,
-    wait_until,
-)
+# The checkout, and tests/ (no package: its helpers import by name once it is on sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from dagster_stack import CONNECT_CONF, Proc, clean_env, free_port, wait_until
 
+if TYPE_CHECKING:
+    from wire_dagster.embedded import EmbeddedS3
+    from wire_dagster.objectstore import ObjectStore
+    from wire_dagster.sparkserver import EmbeddedSpark
+    from wire_dagster.spec import Pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300  # dagster dev (three Python processes) and the Connect JVM on a loaded 2-core machine
 ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
 PARTITION_FMT = "%Y-%m-%d-%H:%M"
 
 
 def install_signal_handlers() -> None:
-    """SIGTERM and SIGHUP raise SystemExit (Ctrl-C already raises KeyboardInterrupt), so `finally` blocks stop the stack."""
+    """SIGTERM and SIGHUP raise SystemExit (Ctrl-C already raises KeyboardInterrupt), so `finally`
+    blocks stop the stack."""
 
     def bye(signum, _frame):
         raise SystemExit(128 + signum)
@@ -65,7 +68,8 @@ def partition_key(p_ms: int) -> str:
 
 
 def instance_config(home: Path, overrides: dict | None = None) -> dict:
-    """The project's Dagster instance config for `home` (what `wire dev` writes), with `overrides` merged in (dicts recursively)."""
+    """The project's Dagster instance config for `home` (what `wire dev` writes), with `overrides`
+    merged in (dicts recursively)."""
     from wire_dagster.devstack import instance_yaml
 
     cfg = yaml.safe_load(instance_yaml(home))
@@ -86,10 +90,11 @@ class BenchStack:
     dagster_env: dict[str, str] = field(default_factory=dict)  # extra environment for dagster dev (and so its runs)
     spark_ui: bool = False  # the Connect server's UI + REST API (job times), bound to 127.0.0.1
     procs: list[Proc] = field(default_factory=list)
-    s3: object = None
-    spark: object = None  # the EmbeddedSpark the runs attach to
-    store: object = None
-    spec: object = None
+    s3: EmbeddedS3 | None = None
+    spark: EmbeddedSpark | None = None  # the server the runs attach to
+    # Set by start(), which every use follows: no None to test for afterwards.
+    store: ObjectStore = field(init=False)
+    spec: Pipeline = field(init=False)
     remote: str = ""
     ui_port: int = 0
     port: int = 0
@@ -131,9 +136,16 @@ class BenchStack:
             if self.spark_ui:
                 self.ui_port = free_port()
                 # SPARK_LOCAL_IP=127.0.0.1 binds the UI to loopback; keep every job of the benchmark.
-                confs.update({"spark.ui.enabled": "true", "spark.ui.port": str(self.ui_port), "spark.ui.retainedJobs": "100000",
-                              "spark.ui.retainedStages": "100000", "spark.sql.ui.retainedExecutions": "100000",
-                              "spark.port.maxRetries": "0"})
+                confs.update(
+                    {
+                        "spark.ui.enabled": "true",
+                        "spark.ui.port": str(self.ui_port),
+                        "spark.ui.retainedJobs": "100000",
+                        "spark.ui.retainedStages": "100000",
+                        "spark.sql.ui.retainedExecutions": "100000",
+                        "spark.port.maxRetries": "0",
+                    }
+                )
             self.spark = EmbeddedSpark(wire_home / "spark")
             # Launched now, ready-waited below: it starts while dagster dev loads its code location.
             self.remote = self.spark.start(master="local[2]", driver_memory="1g", conf=confs, wait=False)
@@ -141,11 +153,19 @@ class BenchStack:
             self.port = free_port()
             dev_env = clean_env()
             dev_env.update(cfg.export_env())
-            dev_env.update(DAGSTER_HOME=str(self.home), WIRE_PIPELINES=str(pdir), WIRE_SPARK_REMOTE=self.remote,
-                           WIRE_HOME=str(wire_home), WIRE_TICK_LOG_LEVEL="INFO")
+            dev_env.update(
+                DAGSTER_HOME=str(self.home),
+                WIRE_PIPELINES=str(pdir),
+                WIRE_SPARK_REMOTE=self.remote,
+                WIRE_HOME=str(wire_home),
+                WIRE_TICK_LOG_LEVEL="INFO",
+            )
             dev_env.update(self.dagster_env)
-            self.procs.append(Proc("dagster-dev", dagster_dev_command(self.port), dev_env, self.tmp / "dagster-dev.log",
-                                   cwd=str(ROOT)).start())
+            self.procs.append(
+                Proc(
+                    "dagster-dev", dagster_dev_command(self.port), dev_env, self.tmp / "dagster-dev.log", cwd=str(ROOT)
+                ).start()
+            )
 
             t0 = time.monotonic()
             self.spark.wait_ready(START_TIMEOUT)
@@ -162,14 +182,17 @@ class BenchStack:
             raise
 
     def alive(self) -> str | None:
-        return next((p.dead() for p in self.procs if p.dead()), None) or (self.spark.dead() if self.spark is not None else None)
+        return next((p.dead() for p in self.procs if p.dead()), None) or (
+            self.spark.dead() if self.spark is not None else None
+        )
 
     def stop(self) -> dict[str, list]:
-        """Stop dagster dev, then Spark Connect (each by its process group), then the S3 server; what was left (nothing)."""
+        """Stop dagster dev, then Spark Connect (each by its process group), then the S3 server; what
+        was left (nothing)."""
         if self.stopped:
             return {}
         self.stopped = True
-        left = {p.name: p.stop() for p in reversed(self.procs)}
+        left: dict[str, list] = {p.name: p.stop() for p in reversed(self.procs)}
         if self.spark is not None:
             from wire_dagster.errors import SparkServerError
 
@@ -190,8 +213,11 @@ class BenchStack:
         return f"http://127.0.0.1:{self.port}"
 
     def gql(self, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
-        req = urllib.request.Request(self.url + "/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             body = json.load(r)
         if body.get("errors"):
@@ -200,8 +226,11 @@ class BenchStack:
 
     def location_loaded(self) -> bool:
         try:
-            d = self.gql("""{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
-                locationOrLoadError { __typename ... on PythonError { message } } } } } }""", timeout=10)
+            d = self.gql(
+                """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+                locationOrLoadError { __typename ... on PythonError { message } } } } } }""",
+                timeout=10,
+            )
         except (OSError, urllib.error.URLError):
             return False
         for e in d["workspaceOrError"].get("locationEntries") or []:
@@ -214,9 +243,12 @@ class BenchStack:
 
     def runs(self) -> list[dict]:
         """Every run of the pipeline: runId, status, creationTime/startTime/endTime (epoch s), tags (dict)."""
-        d = self.gql("""query($f: RunsFilter) { runsOrError(filter: $f) { __typename ... on Runs { results {
-                 runId status startTime endTime creationTime tags { key value } } } ... on PythonError { message } } }""",
-                     {"f": {"tags": [{"key": "wire/pipeline", "value": self.spec.name}]}})
+        d = self.gql(
+            """query($f: RunsFilter) { runsOrError(filter: $f) { __typename ... on Runs { results {
+                 runId status startTime endTime creationTime tags { key value } } } ... on PythonError { message }
+               } }""",
+            {"f": {"tags": [{"key": "wire/pipeline", "value": self.spec.name}]}},
+        )
         r = d["runsOrError"]
         if r["__typename"] != "Runs":
             raise RuntimeError(f"runsOrError: {r}")
@@ -226,23 +258,45 @@ class BenchStack:
 
     def run_events(self, run_id: str) -> list[dict]:
         """The run's event log: [{type, eventType, timestamp (s), message, stepKey}], in order."""
-        d = self.gql("""query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { eventConnection(limit: 5000) {
-                 events { __typename ... on MessageEvent { timestamp message eventType stepKey } } } } } }""", {"id": run_id})
+        d = self.gql(
+            """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { eventConnection(limit: 5000) {
+                 events { __typename ... on MessageEvent { timestamp message eventType stepKey } } } } } }""",
+            {"id": run_id},
+        )
         r = d["runOrError"]
         if r["__typename"] != "Run":
             raise RuntimeError(f"runOrError: {r}")
-        return [{"type": e["__typename"], "eventType": e.get("eventType"), "t": int(e["timestamp"]) / 1000,
-                 "message": e.get("message") or "", "step": e.get("stepKey")} for e in r["eventConnection"]["events"] if e.get("timestamp")]
+        return [
+            {
+                "type": e["__typename"],
+                "eventType": e.get("eventType"),
+                "t": int(e["timestamp"]) / 1000,
+                "message": e.get("message") or "",
+                "step": e.get("stepKey"),
+            }
+            for e in r["eventConnection"]["events"]
+            if e.get("timestamp")
+        ]
 
     def sensor_ticks(self, after: float | None = None, limit: int = 2000) -> list[dict]:
         """The watermark sensor's ticks (timestamp/endTimestamp in s, status, runIds, runKeys), oldest first."""
         from sensors import sensor_name
 
-        d = self.gql("""query($s: SensorSelector!, $after: Float, $limit: Int) { sensorOrError(sensorSelector: $s) { __typename
+        d = self.gql(
+            """query($s: SensorSelector!, $after: Float, $limit: Int) { sensorOrError(sensorSelector: $s) { __typename
                  ... on Sensor { sensorState { ticks(afterTimestamp: $after, limit: $limit) {
-                   timestamp endTimestamp status runIds runKeys skipReason error { message } } } } ... on PythonError { message } } }""",
-                     {"s": {"repositoryLocationName": "wire", "repositoryName": "__repository__", "sensorName": sensor_name(self.spec)},
-                      "after": after, "limit": limit})
+                   timestamp endTimestamp status runIds runKeys skipReason error { message } } } }
+                 ... on PythonError { message } } }""",
+            {
+                "s": {
+                    "repositoryLocationName": "wire",
+                    "repositoryName": "__repository__",
+                    "sensorName": sensor_name(self.spec),
+                },
+                "after": after,
+                "limit": limit,
+            },
+        )
         r = d["sensorOrError"]
         if r["__typename"] != "Sensor":
             raise RuntimeError(f"sensorOrError: {r}")
@@ -271,8 +325,19 @@ class BenchStack:
                 return None
             return datetime.strptime(s.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
 
-        return sorted(({"id": j["jobId"], "submitted": ts(j.get("submissionTime")), "completed": ts(j.get("completionTime")),
-                        "status": j["status"], "stages": len(j.get("stageIds") or [])} for j in jobs), key=lambda j: j["id"])
+        return sorted(
+            (
+                {
+                    "id": j["jobId"],
+                    "submitted": ts(j.get("submissionTime")),
+                    "completed": ts(j.get("completionTime")),
+                    "status": j["status"],
+                    "stages": len(j.get("stageIds") or []),
+                }
+                for j in jobs
+            ),
+            key=lambda j: j["id"],
+        )
 
     # ------------------------------------------------------------------ the object store
     def marker_key(self, epoch: int) -> str:
@@ -307,10 +372,35 @@ class BenchStack:
 def git_rev() -> str:
     """HEAD, plus the code files runs import that differ from it (others edit this working tree meanwhile)."""
     try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "wire_dagster", "assets", "sensors",
-                                "resources", "definitions.py"], capture_output=True, text=True, timeout=10, check=False).stdout.split("\n")
+        rev = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+            or "?"
+        )
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "status",
+                "--porcelain",
+                "--",
+                "wire_dagster",
+                "assets",
+                "sensors",
+                "resources",
+                "definitions.py",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.split("\n")
     except (OSError, subprocess.TimeoutExpired):
         return "?"
     files = [line[3:] for line in dirty if line.strip()]

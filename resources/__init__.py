@@ -1,4 +1,4 @@
-"""Dagster resources: the object store, the checkpoint store and the Spark session.
+"""Dagster resources: the object store and the Spark session.
 
 Secrets come from the environment through `dg.EnvVar` and are resolved when a
 resource initialises, never at import time. `dagster-aws`'s S3 resource is not
@@ -9,11 +9,9 @@ only; Wire's session factory also attaches to Spark Connect (`WIRE_SPARK_REMOTE`
 so the Spark resource wraps that factory instead.
 """
 
-
 import dagster as dg
 from pydantic import Field
 
-from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore, S3Config
 
 
@@ -29,16 +27,9 @@ class ObjectStoreResource(dg.ConfigurableResource):
         import os
 
         bucket = self.bucket or os.environ.get("WIRE_S3_BUCKET") or "wire"
-        return ObjectStore(S3Config(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key, bucket=bucket))
-
-
-class CheckpointResource(dg.ConfigurableResource):
-    """The commit protocol of a pipeline over the object store."""
-
-    store: dg.ResourceDependency[ObjectStoreResource]
-
-    def for_pipeline(self, pipeline: str) -> Checkpoints:
-        return Checkpoints(self.store.get_store(), pipeline)
+        return ObjectStore(
+            S3Config(endpoint=self.endpoint, access_key=self.access_key, secret_key=self.secret_key, bucket=bucket)
+        )
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -61,4 +52,4 @@ def default_resources() -> dict:
         access_key=dg.EnvVar("WIRE_S3_ACCESS_KEY"),
         secret_key=dg.EnvVar("WIRE_S3_SECRET_KEY"),
     )
-    return {"wire_store": store, "wire_checkpoints": CheckpointResource(store=store), "wire_spark": SparkResource()}
+    return {"wire_store": store, "wire_spark": SparkResource()}

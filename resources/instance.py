@@ -63,7 +63,9 @@ class WireSqliteEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, synchronous: str = "NORMAL", inst_data: ConfigurableClassData | None = None):
         if synchronous not in SYNCHRONOUS:
-            raise ValueError(f"WireSqliteEventLogStorage: synchronous must be one of {', '.join(SYNCHRONOUS)}, not {synchronous!r}")
+            raise ValueError(
+                f"WireSqliteEventLogStorage: synchronous must be one of {', '.join(SYNCHRONOUS)}, not {synchronous!r}"
+            )
         self._synchronous = synchronous
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._found: set[str] = set()  # tables and asset-key columns seen to exist
@@ -74,7 +76,9 @@ class WireSqliteEventLogStorage(SqliteEventLogStorage):
         return {"base_dir": StringSource, "synchronous": Field(str, is_required=False, default_value="NORMAL")}
 
     @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]) -> WireSqliteEventLogStorage:  # type: ignore[override]
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
+    ) -> WireSqliteEventLogStorage:  # type: ignore[override]
         return cls(inst_data=inst_data, **config_value)
 
     @contextmanager

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -62,14 +62,24 @@ def test_defs_can_load(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WIRE_S3_", "AWS_"))}
     env["WIRE_PIPELINES"] = str(PIPELINES)
     env["DAGSTER_HOME"] = str(tmp_path / "dagster-home")  # never the developer's instance
-    p = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=240, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("WIRE_DEFS "))
-    got = json.loads(line[len("WIRE_DEFS "):])
+    got = json.loads(line[len("WIRE_DEFS ") :])
 
     specs = load_all(PIPELINES)
     assert {s.name for s in specs} >= {"clicks", "bids"}
-    want_assets = sorted([f"{s.name}/{w.name}" for s in specs for w in s.windows] + [f"{s.name}/dead_letters" for s in specs])
+    want_assets = sorted(
+        [f"{s.name}/{w.name}" for s in specs for w in s.windows] + [f"{s.name}/dead_letters" for s in specs]
+    )
     assert got["assets"] == want_assets
     want_checks = sorted(
         [f"{s.name}/{w.name}:partition_complete" for s in specs for w in s.windows]
@@ -78,11 +88,12 @@ def test_defs_can_load(tmp_path: Path) -> None:
     assert got["checks"] == want_checks
     assert got["jobs"] == sorted(f"{s.name}_job" for s in specs)
     assert got["sensors"] == {
-        f"{s.name}_watermark": [f"{s.name}_job", s.orchestration.sensor_interval_s, "DefaultSensorStatus.RUNNING"] for s in specs
+        f"{s.name}_watermark": [f"{s.name}_job", s.orchestration.sensor_interval_s, "DefaultSensorStatus.RUNNING"]
+        for s in specs
     }
     assert set(got["schedules"]) == {f"{s.name}_schedule" for s in specs}
     assert all(v[0] in got["jobs"] and v[2] == "DefaultScheduleStatus.STOPPED" for v in got["schedules"].values())
-    assert got["resources"] == ["wire_checkpoints", "wire_spark", "wire_store"]
+    assert got["resources"] == ["wire_spark", "wire_store"]
     assert got["validated"] is True, "dagster 1.13 has Definitions.validate_loadable"
     assert got["secret_reads"] == [], f"definitions read {got['secret_reads']} at import time"
 
@@ -99,10 +110,14 @@ def test_resources_resolve_env_only_when_initialised(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WIRE_S3_ACCESS_KEY", "ak-test")
     monkeypatch.setenv("WIRE_S3_SECRET_KEY", "sk-test")
     monkeypatch.setenv("WIRE_S3_BUCKET", "b-test")
-    with dg.build_resources({"wire_store": res["wire_store"], "wire_checkpoints": res["wire_checkpoints"]}) as r:
+    with dg.build_resources({"wire_store": res["wire_store"]}) as r:
         cfg = r.wire_store.get_store().cfg
-        assert (cfg.endpoint, cfg.access_key, cfg.secret_key, cfg.bucket) == ("http://127.0.0.1:1", "ak-test", "sk-test", "b-test")
-        assert r.wire_checkpoints.for_pipeline("clicks").pipeline == "clicks"
+        assert (cfg.endpoint, cfg.access_key, cfg.secret_key, cfg.bucket) == (
+            "http://127.0.0.1:1",
+            "ak-test",
+            "sk-test",
+            "b-test",
+        )
         assert "sk-test" not in repr(cfg)
 
 
@@ -110,15 +125,28 @@ def _ms(dt: datetime) -> int:
     return int(dt.timestamp() * 1000)
 
 
-@pytest.mark.parametrize("size,start", [("1m", "2026-01-01T00:00:00Z"), ("5m", "2026-01-01T00:05:00Z"), ("2h", "2026-01-01T02:00:00Z"), ("1d", "2026-01-02T00:00:00Z")])
+@pytest.mark.parametrize(
+    "size,start",
+    [
+        ("1m", "2026-01-01T00:00:00Z"),
+        ("5m", "2026-01-01T00:05:00Z"),
+        ("2h", "2026-01-01T02:00:00Z"),
+        ("1d", "2026-01-02T00:00:00Z"),
+    ],
+)
 def test_partitions_match_the_pipeline(size: str, start: str) -> None:
     from assets import partition_key
     from definitions import build_definitions
     from sensors import job_name
 
     spec = pipeline_from_dict(
-        {"name": "pd", "event": {"time": "ts"}, "partition": size, "start": start,
-         "windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}]}
+        {
+            "name": "pd",
+            "event": {"time": "ts"},
+            "partition": size,
+            "start": start,
+            "windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}],
+        }
     )
     defs = build_definitions(pipelines=[spec])
     repo = defs.get_repository_def()
@@ -128,9 +156,12 @@ def test_partitions_match_the_pipeline(size: str, start: str) -> None:
     assert isinstance(pdef, dg.TimeWindowPartitionsDefinition)
     assert defs.resolve_job_def(job_name(spec)).partitions_def == pdef
     first = pdef.get_first_partition_key()
+    assert first is not None
     keys = [first]
     while len(keys) < 3:
-        keys.append(pdef.get_next_partition_key(keys[-1]))
+        nxt = pdef.get_next_partition_key(keys[-1])
+        assert nxt is not None
+        keys.append(nxt)
     for k in keys:
         tw = pdef.time_window_for_partition_key(k)
         lo, hi = _ms(tw.start), _ms(tw.end)
@@ -143,7 +174,7 @@ def test_partitions_match_the_pipeline(size: str, start: str) -> None:
     tw = pdef.time_window_for_partition_key(partition_key(spec, spec.start + 3 * spec.partition))
     assert _ms(tw.start) <= t < _ms(tw.end)
     # Event times may run ahead of the wall clock by limits.max_future (1d): those partitions exist too.
-    ahead = _ms(datetime.now(tz=timezone.utc)) + spec.max_future - 1
+    ahead = _ms(datetime.now(tz=UTC)) + spec.max_future - 1
     last = pdef.time_window_for_partition_key(pdef.get_last_partition_key())
     assert _ms(last.end) > ahead
 
@@ -153,8 +184,13 @@ def test_unsupported_partition_size_is_refused() -> None:
     from wire_dagster.errors import WireInputError
 
     spec = pipeline_from_dict(
-        {"name": "bad", "event": {"time": "ts"}, "partition": "7m", "start": "2026-01-01T00:00:00Z",
-         "windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}]}
+        {
+            "name": "bad",
+            "event": {"time": "ts"},
+            "partition": "7m",
+            "start": "2026-01-01T00:00:00Z",
+            "windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}],
+        }
     )
     with pytest.raises(WireInputError, match="partition: 7m"):
         build_definitions(pipelines=[spec])

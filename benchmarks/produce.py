@@ -63,8 +63,9 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int
     """Run cmd as a child; (wall seconds, CPU seconds, peak RSS bytes of that child, stdout)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout = p.stdout.read()  # type: ignore[union-attr]
-    stderr = p.stderr.read()  # type: ignore[union-attr]
+    assert p.stdout is not None and p.stderr is not None  # both are PIPE
+    stdout = p.stdout.read()
+    stderr = p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0

@@ -78,7 +78,7 @@ class WireSqliteEventLogStorage(SqliteEventLogStorage):
     @classmethod
     def from_config_value(
         cls, inst_data: ConfigurableClassData | None, config_value: Mapping[str, Any]
-    ) -> WireSqliteEventLogStorage:  # type: ignore[override]
+    ) -> WireSqliteEventLogStorage:
         return cls(inst_data=inst_data, **config_value)
 
     @contextmanager

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -42,6 +43,7 @@ H = 3_600_000
 # partition pages stay light (a 1m-partitioned pipeline starting months ago has ~10^5 of them).
 T0 = (int(time.time() * 1000) // H - 1) * H
 NAME = "e2e"
+LOCATION = "wire"  # workspace.yaml's code location
 PIPELINE = {
     "name": NAME,
     "stream": NAME,
@@ -60,6 +62,7 @@ PIPELINE = {
 }
 START_TIMEOUT = 240  # dagster dev (three Python processes) and the Connect JVM on a loaded machine
 SETTLE_TIMEOUT = 360  # the sensor's runs, one at a time
+T = TypeVar("T")
 ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
 
 
@@ -91,7 +94,9 @@ def group_gone(pgid: int) -> bool:
     return False
 
 
-def wait_until(cond: Callable[[], object], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None, every: float = 0.5):
+def wait_until(
+    cond: Callable[[], T | None], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None, every: float = 0.5
+) -> T:
     """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()` reports death."""
     deadline = time.monotonic() + timeout
     while True:
@@ -318,6 +323,83 @@ class Stack:
                 if got is None or got["tags"].get("dagster/data_version") != want:
                     return None
         return {"runs": runs, "partitions": parts, "materializations": mats, "manifest": m}
+
+    # ------------------------------------------------------------------ more pipelines, runs from inside
+    # For tests that bring a pipeline of their own into the running stack (test_e2e_kill.py);
+    # the stack's own pipeline, NAME, is left as it is.
+    def add_pipeline(self, pipeline: dict):
+        """Write `pipeline` into the stack's WIRE_PIPELINES directory, reload the code location
+        (GraphQL `reloadRepositoryLocation`, as the UI's Reload button) and return its loaded
+        Pipeline once the webserver lists its sensor."""
+        from sensors import sensor_name
+        from wire_dagster.spec import load_pipeline
+
+        path = self.tmp / "pipelines" / f"{pipeline['name']}.yaml"
+        path.write_text(yaml.safe_dump(pipeline))
+        spec = load_pipeline(path)
+        r = self.gql(
+            """mutation($n: String!) { reloadRepositoryLocation(repositoryLocationName: $n) { __typename
+                 ... on WorkspaceLocationEntry { loadStatus } ... on Error { message } } }""",
+            {"n": LOCATION},
+        )["reloadRepositoryLocation"]
+        assert r["__typename"] == "WorkspaceLocationEntry", f"reloading code location {LOCATION}: {r}"
+
+        def listed() -> bool:
+            return self.location_loaded() and self.sensor(sensor_name(spec)) is not None
+
+        wait_until(listed, START_TIMEOUT, f"code location {LOCATION} reloaded with {spec.name}", self.alive)
+        return spec
+
+    def sensor(self, name: str) -> dict | None:
+        """The sensor `name` (id, status) as the webserver shows it, or None if the location has none."""
+        d = self.gql(
+            """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+                 ... on Sensor { id sensorState { status } } } }""",
+            {"s": self._selector(name)},
+        )["sensorOrError"]
+        return {"id": d["id"], "status": d["sensorState"]["status"]} if d["__typename"] == "Sensor" else None
+
+    def set_sensor(self, name: str, running: bool) -> None:
+        """Start or stop sensor `name` (GraphQL startSensor / stopSensor, as the UI's toggle)."""
+        if running:
+            r = self.gql(
+                """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
+                     ... on Sensor { sensorState { status } } ... on Error { message } } }""",
+                {"s": self._selector(name)},
+            )["startSensor"]
+            ok = r["__typename"] == "Sensor" and r["sensorState"]["status"] == "RUNNING"
+        else:
+            s = self.sensor(name)
+            assert s is not None, f"no sensor {name}"
+            r = self.gql(
+                """mutation($id: String) { stopSensor(id: $id) { __typename
+                     ... on StopSensorMutationResult { instigationState { status } } ... on Error { message } } }""",
+                {"id": s["id"]},
+            )["stopSensor"]
+            ok = r["__typename"] == "StopSensorMutationResult" and r["instigationState"]["status"] == "STOPPED"
+        assert ok, f"{'starting' if running else 'stopping'} sensor {name}: {r}"
+
+    @staticmethod
+    def _selector(sensor: str) -> dict:
+        return {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "sensorName": sensor}
+
+    def run_events(self, run_id: str) -> list[dict]:
+        """The run's event log, in order: [{eventType, t (epoch s), message}]."""
+        d = self.gql(
+            """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { eventConnection(limit: 5000) {
+                 events { __typename ... on MessageEvent { timestamp message eventType } } } } } }""",
+            {"id": run_id},
+        )["runOrError"]
+        assert d["__typename"] == "Run", d
+        events = [e for e in d["eventConnection"]["events"] if e.get("timestamp")]
+        return [{"eventType": e.get("eventType"), "t": int(e["timestamp"]) / 1000, "message": e.get("message") or ""}
+                for e in events]
+
+    def pool_claims(self, pool: str) -> list[str]:
+        """Run ids holding a slot of Dagster's concurrency pool `pool`."""
+        d = self.gql("{ instance { concurrencyLimits { concurrencyKey claimedSlots { runId } } } }")
+        limits = [lim for lim in d["instance"]["concurrencyLimits"] if lim["concurrencyKey"] == pool]
+        return [c["runId"] for lim in limits for c in lim["claimedSlots"]]
 
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:

@@ -483,7 +483,7 @@ def _typed_cases(spec: Pipeline, seed: int) -> pa.Table:
     t0 = spec.start + 86_400_000
     iso = datetime.fromtimestamp(t0 / 1000, tz=UTC)
     floats = [0.5, 3.0, -0.0, 1e20, 1e-7, 123456789.123456789, 1.7976931348623157e308, float("nan"), float("inf"), None]
-    ints = [0, 7, -3, 2**62, None]
+    ints = [0, 7, -3, 2**62, 2**53, -(2**53) - 1, None]
     texts = ["a", 'q"uote', "é\n\t\x01", "", "12", "-4", "x" * 80, None]
 
     def column(kind: str, times: bool = False):
@@ -570,7 +570,8 @@ def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
     t0 = spec.start + 86_400_000
     texts = ["a", 'q"uote', "é\n\t\x01", "", "12", "-4", "x" * 40]
 
-    def pick(kinds: list[str], nulls: bool):
+    def pick(kinds: list[str], nulls: bool, number: bool = False):
+        """A column of one of `kinds`; `number`: values within the aggregates' domain (|x| <= 2^53, finite)."""
         kind = rng.choice(kinds)
         def v(x):
             return None if nulls and rng.random() < 0.2 else x
@@ -580,11 +581,14 @@ def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
             return pa.nulls(n)
         if kind in ("int64", "int16", "uint64", "int32"):
             hi = {"int16": 2**15 - 1, "int32": 2**31 - 1, "int64": 2**62, "uint64": 2**64 - 1}[kind]
+            hi = min(hi, 2**53) if number else hi
             lo = 1 if kind == "uint64" else -hi
             return pa.array([v(rng.choice([lo, 1, 7, hi, rng.randint(lo, hi)])) for _ in range(n)], getattr(pa, kind)())
         if kind == "positive":
-            ty, top = rng.choice([(pa.int64(), 2**62), (pa.int32(), 2**31 - 1)])
+            ty, top = rng.choice([(pa.int64(), 2**53), (pa.int32(), 2**31 - 1)])
             return pa.array([v(rng.choice([1, 10_000, top])) for _ in range(n)], ty)
+        if kind == "float64" and number:
+            return pa.array([v(rng.choice([0.5, -0.0, 5e-324, -(2.0**53), 2.0**53, 123456.789])) for _ in range(n)], pa.float64())
         if kind == "float64":
             return pa.array([v(rng.choice([0.5, -0.0, 1e20, 5e-324, float("nan"), float("inf"), 2.0**60])) for _ in range(n)], pa.float64())
         return pa.array([v(rng.choice(texts)) for _ in range(n)], pa.large_string() if kind == "large_string" else pa.string())
@@ -592,7 +596,7 @@ def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
     cols = {"ts": pa.array([t0 + rng.randrange(10**6) for _ in range(n)], rng.choice([pa.int64(), pa.uint64()]))}
     cols["k"] = pick(["int64", "int16", "string", "large_string"], nulls=False)
     cols["eid"] = pick(["int64", "uint64", "string"], nulls=False)
-    cols["v"] = pick(["int64", "uint64", "float64", "null", "absent"], nulls=True)
+    cols["v"] = pick(["int64", "uint64", "float64", "null", "absent"], nulls=True, number=True)
     cols["u"] = pick(["int64", "string", "large_string", "null", "absent"], nulls=True)
     cols["g"] = pick(["positive", "null", "absent"], nulls=True)
     cols["extra"] = pick(["float64", "string", "null", "absent"], nulls=True)
@@ -634,6 +638,14 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
         "maybe over max_record_bytes": {"pad": pa.array(["p" * 400, ""])},  # 6 * 400 + 2 bytes if all escaped
         "over max_record_bytes": {"pad": pa.array(["p" * 2100, ""])},
         "distinct of booleans": {"u": pa.array([True, False])},
+        # the aggregates' value domain (aggregates.MAX_EXACT): the SQL gives each its reason
+        "NaN number": {"v": pa.array([1.0, float("nan")])},
+        "infinite number": {"v": pa.array([float("-inf"), 2.0])},
+        "number above 2^53": {"v": pa.array([1.0, 1e20])},
+        "integer above 2^53": {"v": pa.array([1, 2**53 + 1], pa.int64())},
+        "integer below -2^53": {"v": pa.array([-(2**53) - 1, 1], pa.int64())},
+        "unsigned integer above 2^53": {"v": pa.array([1, 2**63], pa.uint64())},
+        "gap above 2^53": {"g": pa.array([5, 2**53 + 1])},
     }
     for what, change in one_bad.items():
         cols = {**{n: good[n] for n in good.column_names}, **change}

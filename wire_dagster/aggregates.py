@@ -12,16 +12,68 @@ count_distinct(f)  ``set``: the distinct non-null values (as strings)
 
 Sums are decimals so that their value does not depend on the order Spark adds
 them in: re-running an epoch commits byte-identical results.
+
+The value domain (what an aggregate reads, checked at produce and again by the kernel):
+
+- a number (the field of ``sum``, ``avg``, ``min``, ``max``) is a finite double of
+  magnitude at most 2^53 (``MAX_EXACT``): there a double holds every integer exactly,
+  and a window's sum stays within decimal(38, 9) (±10^29) for up to 10^13 events.
+  NaN and ±Infinity (``NOT_FINITE``), larger magnitudes, and integers beyond ±2^53
+  — which a double would silently round (``OUT_OF_RANGE``) — are malformed: the
+  record goes to the dead letters with a reason naming the field and the value,
+  e.g. ``malformed: amount: NaN is not a finite number``;
+- -0.0 is the zero it equals, stored as 0.0 (so min/max never depend on which zero
+  came first); subnormals and digits past the 9th decimal place are kept as the
+  double they are (min, max) and rounded half-up to 9 decimal places in sums
+  (`to_decimal`), so 5e-324 adds 0 to a sum;
+- null, or a field that is absent (pandas writes its missing values, NaN in a float
+  column, as Parquet nulls), is no value: not counted by sum, avg, min or max, as in
+  SQL; ``count`` counts the event;
+- a per-event session gap is an integer in [1, 2^53] ms (0, negative or null: the
+  window's gap), so that an event time plus its gap never overflows.
 """
 
 from __future__ import annotations
 
+import math
 from decimal import ROUND_HALF_UP, Decimal
+
+import pyarrow as pa
 
 from .spec import Aggregate, WindowSpec, field_column
 
 SCALE = 9
 QUANTUM = Decimal(1).scaleb(-SCALE)
+#: The largest magnitude of a number an aggregate reads, and of a per-event gap (see above).
+MAX_EXACT = 2**53
+NOT_FINITE = "is not a finite number"
+OUT_OF_RANGE = f"is out of range (magnitude above 2^53 = {MAX_EXACT})"
+
+
+def number_text(x: float | int) -> str:
+    """A number as a JSON writer spells it (NaN, Infinity, -Infinity, else Python's repr)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    return repr(x)
+
+
+def out_of_domain(values: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
+    """Per value of an integer or floating-point column: whether it is outside the domain
+    (NaN, ±Infinity, magnitude above MAX_EXACT); null where the value is null."""
+    import pyarrow.compute as pc
+
+    values = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
+    if pa.types.is_unsigned_integer(values.type):
+        return pc.greater(values, pa.scalar(MAX_EXACT, values.type))
+    wide = values.cast(pa.float64() if pa.types.is_floating(values.type) else pa.int64())
+    beyond = pc.or_(pc.greater(wide, pa.scalar(MAX_EXACT, wide.type)), pc.less(wide, pa.scalar(-MAX_EXACT, wide.type)))
+    return pc.or_(pc.invert(pc.is_finite(wide)), beyond) if pa.types.is_floating(wide.type) else beyond
+
+
+def domain_reason(field: str, x: float | int) -> str:
+    """Why value `x` of `field` is outside the domain, e.g. `amount: NaN is not a finite number`."""
+    finite = not isinstance(x, float) or math.isfinite(x)
+    return f"{field}: {number_text(x)} {OUT_OF_RANGE if finite else NOT_FINITE}"
 
 
 def partial_columns(a: Aggregate) -> list[tuple[str, str]]:

@@ -14,7 +14,10 @@ The semantics are those of DESIGN §1 and of `tests/reference.py`, expression fo
   by a sweep over (start, end); a fired session whose bounds changed is retracted;
 - a window fires when ``end <= W_N`` and it is new past ``W_{N-1}`` or touched in N, and is
   kept while ``end + L > W_N``;
-- ids are remembered until ``t + extent + L``, or longer while a session holding them is open.
+- ids are remembered until ``t + extent + L``, or longer while a session holding them is open;
+- an event the windows cannot process (`event_errors`: a chunk written by hand or by an older
+  producer, past produce's checks) is set aside first, as a dead letter ``error: <why>``: it
+  counts toward no window and is never a duplicate's first; the epoch commits the rest.
 
 Nothing here imports Spark: `bucket_epoch` is a pure function of Arrow tables (tests call
 it directly), and `pack`/`unpack` carry its tables through Spark as Arrow IPC bytes.
@@ -24,13 +27,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .aggregates import SCALE, partial_columns, source_column
+from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
 from .spec import Aggregate, Pipeline, WindowSpec, field_column
 from .streams import ID, KEY, ROW, TIME
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
 SEG, SEQ = "_seg", "_seq"
 DUP = "_dup"  # set by Spark on the repeated ids of an epoch
+ERR = "_err"  # why the windows cannot process an event (null: they can), see `event_errors`
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
@@ -68,8 +72,8 @@ def _partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
         return _to_decimal(src), f"CAST(sum({q}) AS {DEC})"
     if c.endswith("_nn"):
         return f"(CASE WHEN {src} IS NOT NULL THEN 1 ELSE 0 END)::BIGINT", f"sum({q})::BIGINT"
-    if c.endswith("_m"):
-        return f"CAST({src} AS DOUBLE)", f"{'min' if a.func == 'min' else 'max'}({q})"
+    if c.endswith("_m"):  # + 0.0: a -0.0 (a chunk not from produce, which stores 0.0) is the zero
+        return f"CAST({src} AS DOUBLE) + 0.0", f"{'min' if a.func == 'min' else 'max'}({q})"
     return (
         f"(CASE WHEN {src} IS NOT NULL THEN [CAST({src} AS VARCHAR)] ELSE []::VARCHAR[] END)",
         f"list_sort(list_distinct(flatten(list({q}))))",
@@ -251,31 +255,73 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
     }
 
 
+def event_errors(spec: Pipeline, events: pa.Table) -> pa.Array:
+    """Why each event (chunk columns) is one the windows cannot process; null where they can.
+
+    Produce never writes such an event, but a chunk written by hand or by an older producer
+    may hold one: a null time, or a time, number or per-event gap outside the value domain of
+    `aggregates` (NaN, ±Infinity, magnitude above 2^53), which would make the decimal sums or
+    the window bounds fail (or overflow) for the whole epoch. The reason names the field and
+    the value, as produce's does (`aggregates.domain_reason`). Vectorised: text is made only
+    for the events that fail, and is a function of the event alone (a rerun gives the same)."""
+    import functools
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    n = events.num_rows
+    fields = {spec.time_field: TIME} | {f: field_column(f) for f in (*spec.numeric_fields, *spec.gap_fields)}
+    masks = {f: pc.fill_null(out_of_domain(events[c]), False) for f, c in fields.items()}
+    no_time = events[TIME].is_null()
+    failed = functools.reduce(pc.or_, masks.values(), no_time)
+    if not pc.any(failed).as_py():
+        return pa.nulls(n, pa.string())
+    why: list[str | None] = [None] * n
+    for i in np.flatnonzero(failed.to_numpy(zero_copy_only=False)):
+        if no_time[i].as_py():
+            why[i] = f"null time field {spec.time_field}"
+            continue
+        f = next(f for f, m in masks.items() if m[i].as_py())
+        why[i] = domain_reason(f, events[fields[f]][i].as_py())
+    return pa.array(why, pa.string())
+
+
 def bucket_epoch(
     spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int, threads: int = 1
 ) -> dict[tuple[str, str], pa.Table]:
     """One epoch of one key bucket, computed by DuckDB with `threads` threads (one where Spark
     runs buckets side by side; the executor's cores where one task holds the whole epoch).
 
-    `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`). Where the
+    `events`: the bucket's events of the epoch (chunk columns + `_seg`, `_seq`, and `_err` where
+    Spark already computed `event_errors`, which is computed here otherwise). Where the
     pipeline has an id field they carry a `_dup` flag (Spark de-duplicates over the whole
     epoch), or, when this bucket is the whole epoch (`kernel`'s single-task path), none: the
     repeated ids are then flagged here, as Spark would (the first by position counts).
     `side`: the bucket's carried rows, `_w` naming what each is — a window (its state: `key`,
     `start`, `end`, and the window's partials under `side_column(i, c)`) or `IDS_W` (id memory:
     `id`, `expires`, `key`, `t`).
-    Returns tables by (kind, window): ("n", "") the number of events, ("dup", "") the
+    Returns tables by (kind, window): ("n", "") the number of events the windows saw, ("error",
+    "") the (`_seg`, `_seq`, `_row`, `_err`) of the events they could not, ("dup", "") the
     (`_seg`, `_seq`, `_row`) of the duplicates, ("out", w) results and retractions,
     ("state", w) the new state, ("late", w) the positions of events late for w, and
     ("ids", "") the id memory after the epoch (with an id field).
     """
     import duckdb
+    import pyarrow.compute as pc
 
+    out: dict[tuple[str, str], pa.Table] = {}
+    if ERR not in events.column_names:
+        events = events.append_column(ERR, event_errors(spec, events))
+    if events[ERR].null_count < events.num_rows:  # set aside before anything else, ids included
+        failed = events[ERR].is_valid()
+        out[("error", "")] = events.filter(failed).select([SEG, SEQ, ROW, ERR])
+        events = events.filter(pc.invert(failed))
+    events = events.drop_columns([ERR])
+    out[("n", "")] = pa.table({"n": pa.array([events.num_rows], pa.int64())})
     con = duckdb.connect(config={"threads": threads})
     try:
         con.register("ev_in", events)
         con.register("side", side)
-        out: dict[tuple[str, str], pa.Table] = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
         if spec.id_field and DUP not in events.column_names:
             remembered = f"{ID} IN (SELECT id FROM side WHERE _w = {_lit(IDS_W)})"
             if con.execute(f"""

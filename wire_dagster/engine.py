@@ -445,7 +445,7 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
         fault("during-dead-letters")
         t = res.dead_letters.append_column("epoch", pa.array([epoch] * res.dead_letters.num_rows, pa.int64()))
         dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
-    malformed = sum(c.malformed for c in chunks)
+    malformed = sum(c.malformed for c in chunks) + res.errors  # produce's `malformed:` and the kernel's `error:` letters
     counts = Counts(
         events_in=res.events + malformed,
         malformed=malformed,

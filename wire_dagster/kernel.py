@@ -7,8 +7,13 @@ watermarks `W_{N-1}` and `W_N`, it computes (DESIGN §1):
   or ``end <= W_N`` and changed in N), the retractions of fired sessions that
   merged away, and the new state (windows with ``end + lateness > W_N``);
 - dead letters: ``late`` (per window: the event counts toward none of its
-  windows, i.e. every one has ``end + lateness <= W_{N-1}``) and ``duplicate``;
-- the counts that must balance: ``in = counted + late + duplicate`` per window.
+  windows, i.e. every one has ``end + lateness <= W_{N-1}``), ``duplicate``, and
+  ``error: <why>`` for an event the windows cannot process (a chunk written by hand
+  or by an older producer, past produce's checks: `bucketkernel.event_errors`), set
+  aside before anything else so that the epoch commits the rest;
+- the counts that must balance: ``in = counted + late + duplicate`` per window, where
+  ``in`` is the events the windows saw (`EpochResult.events`); the errors are counted
+  apart (`EpochResult.errors`, which the engine counts as malformed).
 
 Events, and the window state and id memory carried from N-1, are read from the
 object store on the executors (pyarrow's S3 filesystem), in one of two plans with
@@ -32,10 +37,23 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .aggregates import output_ddl, partial_columns, state_ddl
-from .bucketkernel import DUP, IDS_SCHEMA, IDS_W, PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_column, side_table, unpack
+from .bucketkernel import (
+    DUP,
+    ERR,
+    IDS_SCHEMA,
+    IDS_W,
+    PACKED_DDL,
+    SEG,
+    SEQ,
+    bucket_epoch,
+    event_errors,
+    pack,
+    side_column,
+    side_table,
+    unpack,
+)
 from .spec import Pipeline, WindowSpec, field_column
 from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
-
 
 _FS_CACHE: dict = {}
 READ_THREADS = 8  # objects of the store fetched at once by the task that holds a whole epoch
@@ -73,18 +91,31 @@ def _read_key(fs, bucket: str, key: str, schema: pa.Schema | None, extra: list[t
     return t
 
 
-def read_parquet_keys(spark, fs_options: dict, bucket: str, keys: list[tuple], schema: pa.Schema, extra: list[tuple[str, pa.DataType]]):
+def read_parquet_keys(
+    spark,
+    fs_options: dict,
+    bucket: str,
+    keys: list[tuple],
+    schema: pa.Schema,
+    extra: list[tuple[str, pa.DataType]],
+    errors_of: Pipeline | None = None,
+):
     """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
-    read in parallel on the executors with pyarrow's S3 filesystem."""
+    read in parallel on the executors with pyarrow's S3 filesystem; for chunks of pipeline
+    `errors_of`, with its `event_errors` as column `_err`."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     out_schema = pa.schema(list(schema) + [pa.field(n, t) for n, t in extra])
+    if errors_of is not None:
+        out_schema = out_schema.append(pa.field(ERR, pa.string()))
 
     def read(batches):
         fs = _fs(fs_options)
         for b in batches:
             for row in b.to_pylist():
                 t = _read_key(fs, bucket, row["k"], schema, [(n, typ, row[n]) for n, typ in extra])
+                if errors_of is not None:
+                    t = t.append_column(ERR, event_errors(errors_of, t))
                 yield from t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536)
 
     key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
@@ -107,9 +138,11 @@ class Chunks:
     def extra(self) -> list[tuple[str, pa.DataType]]:
         return [(SEG, pa.string()), (SEQ, pa.int64())]
 
-    def frame(self, spark):
-        """The events as a DataFrame, the chunks read in parallel."""
-        return read_parquet_keys(spark, self.fs_options, self.bucket, list(self.keys), self.schema, self.extra)
+    def frame(self, spark, errors_of: Pipeline | None = None):
+        """The events as a DataFrame, the chunks read in parallel (with `_err`: `read_parquet_keys`)."""
+        return read_parquet_keys(
+            spark, self.fs_options, self.bucket, list(self.keys), self.schema, self.extra, errors_of
+        )
 
     def table(self, pool=None) -> pa.Table:
         """The events as one Arrow table, read here (in the task that holds the whole epoch),
@@ -144,8 +177,9 @@ class EpochResult:
     windows: dict[str, WindowResult]
     dead_letters: pa.Table  # DEAD_LETTER schema
     ids: pa.Table | None  # id memory after the epoch: (id, expires)
-    events: int
+    events: int  # events the windows saw: counted + late + duplicate, per window
     duplicate: int
+    errors: int = 0  # events set aside as `error: <why>` dead letters (not in `events`)
     extra: dict = field(default_factory=dict)
 
 
@@ -265,7 +299,7 @@ def run_epoch(
 
     if single_task:
         return run_epochs(spark, spec, [(events, w_prev, w_new)], state, ids)[0]
-    packed = _bucketed(spark, F, spec, _frame_of(spark, events), state, ids, w_prev, w_new)
+    packed = _bucketed(spark, F, spec, _frame_of(spark, events, spec), state, ids, w_prev, w_new)
     return _gather(spark, F, spec, events, unpack(packed.toArrow())[0])
 
 
@@ -297,8 +331,13 @@ def run_epochs(
     return [_gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch)]
 
 
-def _frame_of(spark, events: Chunks | pa.Table):
-    return events.frame(spark) if isinstance(events, Chunks) else spark.createDataFrame(events)
+def _frame_of(spark, events: Chunks | pa.Table, errors_of: Pipeline | None = None):
+    """The events as a DataFrame; with `_err` (`event_errors`) for pipeline `errors_of`."""
+    if isinstance(events, Chunks):
+        return events.frame(spark, errors_of)
+    if errors_of is not None:
+        events = events.append_column(ERR, event_errors(errors_of, events))
+    return spark.createDataFrame(events)
 
 
 def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, int]], state, ids):
@@ -362,13 +401,16 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
     seen = None
     if spec.id_field:
         # A repeated id is a duplicate wherever it lands: flagged over the whole epoch (by id,
-        # not by key bucket), against the id memory.
+        # not by key bucket), against the id memory. An event the windows cannot process (`_err`)
+        # is never a duplicate nor the first of its id: it is ordered last and not flagged, as
+        # bucket_epoch sets it aside before it flags ids.
         seen = _frame(spark, IDS_DDL, ids)
-        order = SW.partitionBy(ID).orderBy(SEG, SEQ, ROW)
+        order = SW.partitionBy(ID).orderBy(F.col(ERR).isNotNull(), SEG, SEQ, ROW)
         ev = ev.withColumn("_rn", F.row_number().over(order)).join(
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
         )
-        ev = ev.withColumn(DUP, (F.col("_rn") > 1) | F.col("_seen").isNotNull()).drop("_rn", "_seen")
+        repeated = (F.col("_rn") > 1) | F.col("_seen").isNotNull()
+        ev = ev.withColumn(DUP, F.col(ERR).isNull() & repeated).drop("_rn", "_seen")
 
     # Spark shuffles events and carried rows by key bucket; each bucket's windows are computed
     # by DuckDB in one Python worker (bucketkernel), and come back as Arrow IPC rows.
@@ -383,6 +425,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
 
 def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -> EpochResult:
     """The tables every bucket (or the one task) returned, as the epoch's result."""
+    import pyarrow.compute as pc
 
     def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
         ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, w), [])]
@@ -391,7 +434,12 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
     n_in = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
     pos = pa.schema([(SEG, pa.string()), (SEQ, pa.int64()), (ROW, pa.int64())])
     dup = gathered("dup", "", pos)
+    err = gathered("error", "", pos.append(pa.field(ERR, pa.string())))
     dead = [_with_reason(dup, "duplicate", None)] if dup.num_rows else []
+    if err.num_rows:
+        why = pc.binary_join_element_wise(pa.scalar("error: "), err[ERR], "")
+        no_window = pa.nulls(err.num_rows, pa.string())
+        dead.append(err.select(pos.names).append_column("reason", why).append_column("window", no_window))
     results, late_by = {}, {}
     for w in spec.windows:
         late = gathered("late", w.name, pos)
@@ -407,7 +455,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
     counted_all = n_in - dup.num_rows
     windows = {name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()}
     ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
-    return EpochResult(windows, dl, ids_out, n_in, dup.num_rows)
+    return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows)
 
 
 def _with_reason(positions: pa.Table, reason: str, window: str | None) -> pa.Table:

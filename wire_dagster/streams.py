@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .aggregates import MAX_EXACT, NOT_FINITE, OUT_OF_RANGE, out_of_domain
 from .errors import ObjectExists, ObjectNotFound, WireInputError
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
@@ -149,6 +150,8 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
     Each line's JSON is parsed once: `json_extract` with the list of every field path the
     pipeline uses gives the fields' JSON values (SQL NULL when absent, JSON `null` when null);
     the checks then look only at those small values, `y<i>` its JSON type, `v<i>` its text.
+    Numbers and gaps are held to the value domain of `aggregates` (finite, magnitude at most
+    2^53, integers exactly), with reasons that name the field and the value's text.
 
     `typed` (a Parquet table's schema that `typed_columns` accepts): the SQL runs over
     `src(line_no, c0, c1, ...)` — the table's columns by position — instead, and `y<i>`/`v<i>`
@@ -224,13 +227,30 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
             ),
         ]
         cols.append(f"v{i} AS {out_col}")
+
+    def beyond(f: str, i: int) -> str:
+        """Integer field `f` (JSON type y<i>) is beyond ±MAX_EXACT (exactly: as HUGEINT, not as a double)."""
+        within = f"{num(f, 'HUGEINT')} BETWEEN {-MAX_EXACT} AND {MAX_EXACT}"
+        return f"y{i} IN ('BIGINT', 'UBIGINT') AND NOT coalesce({within}, FALSE)"
+
+    def shown(f: str, i: int, why: str) -> str:
+        """The reason `<field>: <its value's text> <why>` (aggregates.domain_reason's words)."""
+        return f"{_sql_str(f + ': ')} || v{i} || {_sql_str(' ' + why)}"
+
     done: set[str] = set()
     for f in spec.numeric_fields:
         i = col(f)
-        checks.append(
-            (f"y{i} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')", _sql_str(f"field {f} has wrong type (want a number)"))
-        )
-        cols.append(f"{num(f, 'DOUBLE')} AS {field_column(f)}")
+        x = num(f, "DOUBLE")
+        # The value domain of `aggregates`: finite, |x| <= 2^53 (integers exactly); -0.0 is stored as 0.0.
+        checks += [
+            (
+                f"y{i} NOT IN ('BIGINT', 'UBIGINT', 'DOUBLE', 'NULL')",
+                _sql_str(f"field {f} has wrong type (want a number)"),
+            ),
+            (f"y{i} = 'DOUBLE' AND NOT isfinite({x})", shown(f, i, NOT_FINITE)),
+            (f"(y{i} = 'DOUBLE' AND abs({x}) > {MAX_EXACT}) OR ({beyond(f, i)})", shown(f, i, OUT_OF_RANGE)),
+        ]
+        cols.append(f"{x} + 0.0 AS {field_column(f)}")
         done.add(f)
     for f in spec.distinct_fields:
         if f in done:
@@ -249,6 +269,7 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
                 _sql_str(f"gap field {f} must be a positive integer (ms)"),
             )
         )
+        checks.append((beyond(f, i), shown(f, i, OUT_OF_RANGE)))
         cols.append(f"{num(f, 'BIGINT')} AS {field_column(f)}")
     reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in checks) + " END"
     tail = f"""
@@ -346,7 +367,8 @@ def _typed_sql(schema: pa.Schema, fields: list[str], max_bytes: int, tail: str, 
             continue
         k = names.index(f)
         kind = _json_kind(schema.field(f).type)
-        text = f"c{k}" if kind == "VARCHAR" else f"CAST(c{k} AS VARCHAR)"
+        # The value's text in the row's JSON line (a double's: `NaN`, `1e300`, not DuckDB's `nan`, `1e+300`).
+        text = {"VARCHAR": f"c{k}", "DOUBLE": f"CAST(to_json(c{k}) AS VARCHAR)"}.get(kind, f"CAST(c{k} AS VARCHAR)")
         vals.append(f"CASE WHEN c{k} IS NULL THEN 'NULL' ELSE '{kind}' END AS y{i}, {text} AS v{i}")
     # The row's JSON is longer than max_bytes only if this bound is; only then is the JSON measured.
     fixed, strings = _json_bound(schema)
@@ -440,10 +462,11 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
 
     Decided per column, over its nulls, its range and its longest string: an integer time
     without nulls within [start, hi]; a key and an id of integers or strings without nulls;
-    numbers of integers or doubles; counted-distinct values of integers or strings; gaps of
-    signed integers above 0; no row's JSON possibly over max_record_bytes (the SQL's bound,
-    at each column's longest). The values are the SQL's: an integer's decimal text, a number
-    as a double. A chunk of 50,000 bids: ~2 instead of ~14 ms."""
+    numbers of integers or doubles within the value domain (`aggregates.out_of_domain`: no
+    NaN, ±Infinity or magnitude above 2^53); counted-distinct values of integers or strings;
+    gaps of signed integers in [1, 2^53]; no row's JSON possibly over max_record_bytes (the
+    SQL's bound, at each column's longest). The values are the SQL's: an integer's decimal
+    text, a number as a double (-0.0 as 0.0). A chunk of 50,000 bids: ~2 instead of ~14 ms."""
     import pyarrow.compute as pc
 
     names = table.schema.names
@@ -478,9 +501,12 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
 
     for f in spec.numeric_fields:
         c = column(f)
-        if c is not None and not (_is_int(c.type) or pa.types.is_float64(c.type)):
+        if c is None:
+            cols[field_column(f)] = pa.nulls(table.num_rows, pa.float64())
+            continue
+        if not (_is_int(c.type) or pa.types.is_float64(c.type)) or pc.any(out_of_domain(c)).as_py():
             return None
-        cols[field_column(f)] = pa.nulls(table.num_rows, pa.float64()) if c is None else c.cast(pa.float64(), safe=False)
+        cols[field_column(f)] = pc.add(c.cast(pa.float64(), safe=False), 0.0)  # -0.0 + 0.0 is 0.0, as in the SQL
     for f in spec.distinct_fields:
         if field_column(f) in cols:
             continue
@@ -490,7 +516,10 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
         cols[field_column(f)] = pa.nulls(table.num_rows, pa.string()) if c is None else c.cast(pa.string())
     for f in spec.gap_fields:
         c = column(f)
-        if c is not None and not (pa.types.is_signed_integer(c.type) and (c.null_count == len(c) or pc.min(c).as_py() > 0)):
+        if c is not None and not (
+            pa.types.is_signed_integer(c.type)
+            and (c.null_count == len(c) or (pc.min(c).as_py() > 0 and pc.max(c).as_py() <= MAX_EXACT))
+        ):
             return None
         cols.setdefault(field_column(f), pa.nulls(table.num_rows, pa.int64()) if c is None else c.cast(pa.int64()))
     schema = chunk_schema(spec)

@@ -9,7 +9,8 @@ Guarantees, in one line each:
 - Other 4xx are never retried: 403 -> ObjectStoreError("access denied"),
   a missing key on read -> ObjectNotFound.
 - Error messages are one line naming the operation and the key; they never
-  contain the access key or the secret key.
+  contain the access key or the secret key (`redact`: whole tokens, so a short
+  key does not mangle the words around it).
 - `list` yields keys in UTF-8 binary (S3) order on every server (SeaweedFS
   lists in path-component order, so the client sorts).
 - Every PUT carries Content-MD5, so a PUT cut off mid-request never stores a
@@ -22,11 +23,12 @@ import base64
 import hashlib
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus, urlsplit
 
 import boto3
 import botocore.exceptions as bexc
@@ -81,15 +83,11 @@ class S3Config:
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise WireInputError(
-                f"{_ENV_ENDPOINT}: expected a URL like http://127.0.0.1:9000, got {self.endpoint!r}"
-            )
+            raise WireInputError(f"{_ENV_ENDPOINT}: expected a URL like http://127.0.0.1:9000, got {self.endpoint!r}")
         if not self.bucket:
             raise WireInputError(f"{_ENV_BUCKET}: bucket name must not be empty")
         if not self.access_key or not self.secret_key:
-            raise WireInputError(
-                f"{_ENV_ACCESS}/{_ENV_SECRET}: both are required with an S3 endpoint"
-            )
+            raise WireInputError(f"{_ENV_ACCESS}/{_ENV_SECRET}: both are required with an S3 endpoint")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> S3Config | None:
@@ -176,6 +174,42 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+#: Characters a key is made of (AWS and MinIO keys: letters and digits; generated secrets such as
+#: `secrets.token_urlsafe`: also "-" and "_"). A secret found inside a longer run of these is part of
+#: another word ("b" in "bucket") and stays; anywhere else it is replaced. "/", "+", "=", "%",
+#: quotes and spaces end a run, so a key before "/20260101/us-east-1/s3" (a SigV4 credential) or
+#: after "=" is still replaced.
+_KEY_CHARS = "A-Za-z0-9_-"
+
+
+def _escaped(secret: str) -> set[str]:
+    """The forms a secret takes in text: as is, and URL-encoded (in a path, a query, a form; either hex case)."""
+    forms = {secret}
+    for quoted in (quote(secret, safe=""), quote(secret, safe="/"), quote_plus(secret)):
+        forms.add(quoted)
+        forms.add(re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted))
+    return forms
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every whole-token occurrence of each secret (as is or URL-encoded) replaced by "***".
+
+    An occurrence counts where it is not part of a longer run of key characters (`_KEY_CHARS`): the
+    neighbour before it is not one, or is the end of a URL escape ("%2F"), and the neighbour after it is
+    not one. So a one-letter secret "b" hides "b" in "s3://b/k" and "secret=b", not the b of "bucket".
+    The one helper every redaction of credentials goes through.
+    """
+    forms = sorted({f for s in secrets if s for f in _escaped(s)}, key=len, reverse=True)
+    if not forms:
+        return text
+    alts = []
+    for f in forms:
+        before = rf"(?:(?<![{_KEY_CHARS}])|(?<=%[0-9A-Fa-f]{{2}}))" if re.match(rf"[{_KEY_CHARS}]", f) else ""
+        after = rf"(?![{_KEY_CHARS}])" if re.search(rf"[{_KEY_CHARS}]$", f) else ""
+        alts.append(before + re.escape(f) + after)
+    return re.sub("|".join(alts), "***", text)
+
+
 class ObjectStore:
     """A bucket in an S3-compatible store; every call is retried within a time budget, then fails typed."""
 
@@ -196,7 +230,7 @@ class ObjectStore:
         self.backoff_cap = backoff_cap
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._client = boto3.session.Session().client(
+        self._client = boto3.Session().client(
             "s3",
             endpoint_url=cfg.endpoint,
             aws_access_key_id=cfg.access_key,
@@ -228,10 +262,7 @@ class ObjectStore:
         return f"ObjectStore(endpoint={self._cfg.endpoint!r}, bucket={self._cfg.bucket!r})"
 
     def _scrub(self, text: str) -> str:
-        text = text.replace(self._cfg.secret_key, "***")
-        if len(self._cfg.access_key) >= 8:  # a short test key would mangle ordinary words
-            text = text.replace(self._cfg.access_key, "***")
-        return _one_line(text)
+        return _one_line(redact(text, (self._cfg.secret_key, self._cfg.access_key)))
 
     def _fail(self, op: str, key: str, exc: BaseException, attempts: int = 1, elapsed: float = 0.0) -> ObjectStoreError:
         """The typed error for a final failure of `op` on `key` (one line, no credentials)."""
@@ -331,9 +362,7 @@ class ObjectStore:
 
         def go() -> bytes:
             try:
-                resp = self._client.get_object(
-                    Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
-                )
+                resp = self._client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
             except bexc.ClientError as exc:
                 if _status(exc) == 416:
                     return b""
@@ -381,14 +410,16 @@ class ObjectStore:
                 kwargs["Delimiter"] = delimiter
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._run(op, prefix, lambda: self._client.list_objects_v2(**kwargs))
+            page = self._run(op, prefix, lambda kw=kwargs: self._client.list_objects_v2(**kw))
             yield page
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
 
     def _any_under(self, prefix: str) -> bool:
-        page = self._run("list", prefix, lambda: self._client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1))
+        page = self._run(
+            "list", prefix, lambda: self._client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+        )
         return bool(page.get("Contents") or page.get("CommonPrefixes"))
 
     def list(self, prefix: str, start_after: str | None = None, *, page_size: int = 1000) -> Iterator[ObjInfo]:
@@ -434,7 +465,9 @@ class ObjectStore:
 
         def go() -> bool:
             try:
-                self._client.copy_object(Bucket=self.bucket, Key=dst, CopySource=source, CopySourceIfMatch=f'"{if_match}"')
+                self._client.copy_object(
+                    Bucket=self.bucket, Key=dst, CopySource=source, CopySourceIfMatch=f'"{if_match}"'
+                )
             except bexc.ClientError as exc:
                 if _status(exc) == 412 or _code(exc) == "PreconditionFailed":
                     return False
@@ -540,7 +573,8 @@ class ObjectStore:
 
     # ---------------------------------------------------------------- pyarrow
     def fs_options(self) -> dict[str, Any]:
-        """A picklable dict (it holds the secret: never log it) that `arrow_fs_from_options` turns into an S3FileSystem."""
+        """A picklable dict (it holds the secret: never log it) that `arrow_fs_from_options` turns into an
+        S3FileSystem."""
         return {
             "access_key": self._cfg.access_key,
             "secret_key": self._cfg.secret_key,

@@ -1,4 +1,4 @@
-"""ObjectStore against the real embedded S3 server (SeaweedFS); faults are real network faults from a TCP proxy."""
+"""ObjectStore against the real embedded S3 server (SeaweedFS); faults come from tests/faultproxy.py."""
 
 from __future__ import annotations
 
@@ -13,99 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from faultproxy import FaultProxy
 from wire_dagster.errors import ObjectExists, ObjectNotFound, ObjectStoreError, WireInputError
 from wire_dagster.objectstore import ObjectStore, S3Config, arrow_fs_from_options
 
 
 # --------------------------------------------------------------------- proxy
-class FaultProxy:
-    """A TCP proxy in front of the S3 server that can swallow PUT replies or answer 503, like a flaky network."""
-
-    _METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ")
-
-    def __init__(self, endpoint: str) -> None:
-        host, port = endpoint.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.drop_put_replies = 0  # swallow the final reply of the next N PUTs (after the server acted)
-        self.cut_puts = 0  # forward only the headers of the next N PUTs, then drop the connection
-        self.fail_requests = 0  # answer the next N requests with 503 without forwarding them
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(self.upstream)
-        doomed = threading.Event()
-
-        def pump_back() -> None:
-            try:
-                while data := upstream.recv(65536):
-                    if doomed.is_set() and not data.startswith(b"HTTP/1.1 100"):
-                        break
-                    client.sendall(data)
-            except OSError:
-                pass
-            for s in (client, upstream):
-                _hard_close(s)
-
-        threading.Thread(target=pump_back, daemon=True).start()
-        try:
-            while data := client.recv(65536):
-                if data.startswith(self._METHODS):
-                    with self.lock:
-                        if self.fail_requests > 0:
-                            self.fail_requests -= 1
-                            client.sendall(_HTTP_503)
-                            break
-                        if data.startswith(b"PUT ") and self.drop_put_replies > 0:
-                            self.drop_put_replies -= 1
-                            doomed.set()
-                        if data.startswith(b"PUT ") and self.cut_puts > 0:
-                            self.cut_puts -= 1
-                            head = data[: data.index(b"\r\n\r\n") + 4]
-                            upstream.sendall(head)
-                            time.sleep(0.5)  # the server has the headers, never the body
-                            break
-                upstream.sendall(data)
-        except OSError:
-            pass
-        if not doomed.is_set():
-            for s in (client, upstream):
-                _hard_close(s)
-
-
-_BODY_503 = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-_HTTP_503 = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\nConnection: close\r\n"
-    + f"Content-Length: {len(_BODY_503)}\r\n\r\n".encode()
-    + _BODY_503
-)
-
-
-def _hard_close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    s.close()
-
-
 @pytest.fixture
 def proxy(store: ObjectStore):
     p = FaultProxy(store.cfg.endpoint)

@@ -30,14 +30,15 @@ import os
 import random
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import reference
 import yaml
-from conftest import run_wire
 
+import reference
+from conftest import run_wire
 from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints, Manifest, sha256
 from wire_dagster.objectstore import ObjectStore
@@ -64,8 +65,19 @@ def pipeline_dict(name: str, chunk_rows: int = 8, max_chunks: int = 1000) -> dic
         "start": "2026-01-01T00:00:00Z",
         "limits": {"chunk_rows": chunk_rows, "max_chunks_per_epoch": max_chunks},
         "windows": [
-            {"name": "tumble", "type": "tumbling", "size": "10s", "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
-            {"name": "slide", "type": "sliding", "size": "10s", "slide": "5s", "aggregates": {"n": "count", "mean": "avg(amount)"}},
+            {
+                "name": "tumble",
+                "type": "tumbling",
+                "size": "10s",
+                "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"},
+            },
+            {
+                "name": "slide",
+                "type": "sliding",
+                "size": "10s",
+                "slide": "5s",
+                "aggregates": {"n": "count", "mean": "avg(amount)"},
+            },
             {"name": "sess", "type": "session", "gap": "3s", "aggregates": {"n": "count", "total": "sum(amount)"}},
         ],
     }
@@ -98,7 +110,9 @@ def make_batches(seed: int, n: int) -> list[dict[str, list[str]]]:
                 for lo, hi in ((0, 7_000), (10_000, 16_000)):  # two bursts per key: sessions close and merge
                     t = base + rng.randrange(lo, hi)
                     for _ in range(2):
-                        evs.append({"user": u, "ts": t, "eid": f"s{seed}-b{k}-{s}{len(evs)}", "amount": rng.randrange(1, 100)})
+                        evs.append(
+                            {"user": u, "ts": t, "eid": f"s{seed}-b{k}-{s}{len(evs)}", "amount": rng.randrange(1, 100)}
+                        )
                         t += rng.randrange(200, 1_500)
             evs.sort(key=lambda e: e["ts"] + rng.randrange(0, OOO))  # out of order within the bound
             max_t[s] = max([max_t.get(s, NEG_INF)] + [e["ts"] for e in evs])
@@ -106,9 +120,15 @@ def make_batches(seed: int, n: int) -> list[dict[str, list[str]]]:
             if s == "a":
                 newest = max(evs, key=lambda e: e["ts"])
         a, b = lines["a"], lines["b"]
-        if k > 0:
-            a.insert(rng.randrange(len(a) + 1), json.dumps({"user": "u1", "ts": w_prev - 1_000, "eid": f"s{seed}-b{k}-late-counted", "amount": 7}))
-            a.insert(rng.randrange(len(a) + 1), json.dumps({"user": "zz", "ts": w_prev - 15_000, "eid": f"s{seed}-b{k}-late-dead", "amount": 9}))
+        if last_a is not None:  # from the second batch on
+            a.insert(
+                rng.randrange(len(a) + 1),
+                json.dumps({"user": "u1", "ts": w_prev - 1_000, "eid": f"s{seed}-b{k}-late-counted", "amount": 7}),
+            )
+            a.insert(
+                rng.randrange(len(a) + 1),
+                json.dumps({"user": "zz", "ts": w_prev - 15_000, "eid": f"s{seed}-b{k}-late-dead", "amount": 9}),
+            )
             a.insert(rng.randrange(len(a) + 1), last_a)  # a retried append of the previous batch's newest event
         b.insert(rng.randrange(1, len(b) + 1), b[0])  # a duplicate within the batch
         b.insert(rng.randrange(len(b) + 1), json.dumps({"user": "u2", "ts": "yesterday", "eid": f"s{seed}-b{k}-bad"}))
@@ -118,7 +138,9 @@ def make_batches(seed: int, n: int) -> list[dict[str, list[str]]]:
     return out
 
 
-def produce_batch(store: ObjectStore, spec: Pipeline, directory: Path, batch: dict[str, list[str]], k: int) -> dict[str, list[int]]:
+def produce_batch(
+    store: ObjectStore, spec: Pipeline, directory: Path, batch: dict[str, list[str]], k: int
+) -> dict[str, list[int]]:
     """Append a batch (one file per segment); returns the chunk sequences written per segment."""
     seqs = {}
     for s, lines in batch.items():
@@ -163,7 +185,9 @@ def chunk_events(store: ObjectStore, spec: Pipeline) -> dict[tuple[str, int], li
     return out
 
 
-def expect(store: ObjectStore, spec: Pipeline, splits: list[dict[str, list[int]]], lines: int, malformed: int) -> Expected:
+def expect(
+    store: ObjectStore, spec: Pipeline, splits: list[dict[str, list[int]]], lines: int, malformed: int
+) -> Expected:
     """Run the reference over the epochs `splits` (segment -> chunk sequences of each epoch)."""
     events = chunk_events(store, spec)
     st = reference.RefState()
@@ -194,7 +218,7 @@ def read_all(store: ObjectStore, spec: Pipeline) -> dict[str, dict[tuple, dict]]
         ids = [(r["key"], r["window_start"], r["window_end"]) for r in rows]
         dup = [i for i, n in Counter(ids).items() if n > 1]
         assert not dup, f"{w.name}: window identities committed twice: {dup[:5]}"
-        out[w.name] = dict(zip(ids, rows))
+        out[w.name] = dict(zip(ids, rows, strict=True))
     return out
 
 
@@ -203,7 +227,9 @@ def assert_results(store: ObjectStore, spec: Pipeline, exp: Expected) -> None:
     for w in spec.windows:
         want = exp.state.view.get(w.name, {})
         g = got[w.name]
-        assert set(g) == set(want), f"{w.name}: missing {sorted(set(want) - set(g))[:5]}, extra {sorted(set(g) - set(want))[:5]}"
+        assert set(g) == set(want), (
+            f"{w.name}: missing {sorted(set(want) - set(g))[:5]}, extra {sorted(set(g) - set(want))[:5]}"
+        )
         for ident, row in want.items():
             for col, v in row.items():
                 x = g[ident][col]
@@ -228,7 +254,11 @@ def assert_counts(store: ObjectStore, spec: Pipeline, exp: Expected, stream_malf
     assert t.late == {w: c["late"] for w, c in exp.state.window_counts.items()}
     assert m.watermark == exp.watermarks[-1], f"W {m.watermark} != reference {exp.watermarks[-1]}"
     letters = engine.read_dead_letters(store, spec)
-    got = Counter((d["reason"], d["window"], d["segment"], d["chunk"], d["row"]) for d in letters if not d["reason"].startswith("malformed"))
+    got = Counter(
+        (d["reason"], d["window"], d["segment"], d["chunk"], d["row"])
+        for d in letters
+        if not d["reason"].startswith("malformed")
+    )
     want = Counter((r, w, e["_seg"], e["_seq"], e["_row"]) for r, w, e in exp.state.dead)
     assert got == want, f"dead letters differ: extra {got - want}, missing {want - got}"
     malformed = sum(1 for d in letters if d["reason"].startswith("malformed"))
@@ -261,7 +291,9 @@ def wanted_published(store: ObjectStore, spec: Pipeline, m: Manifest | None = No
 def assert_published(store: ObjectStore, spec: Pipeline, m: Manifest | None = None) -> None:
     """Every object under output/ is named by the (latest) committed manifest, with its sha256, and vice versa."""
     got, want = published(store, spec), wanted_published(store, spec, m)
-    assert got == want, f"published output differs from the manifest: extra/altered {sorted(k for k in got if got[k] != want.get(k))[:5]}, missing {sorted(set(want) - set(got))[:5]}"
+    altered = sorted(k for k in got if got[k] != want.get(k))[:5]
+    missing = sorted(set(want) - set(got))[:5]
+    assert got == want, f"published output differs from the manifest: extra/altered {altered}, missing {missing}"
 
 
 def assert_all(store: ObjectStore, spec: Pipeline, exp: Expected) -> Manifest:
@@ -274,7 +306,7 @@ def assert_all(store: ObjectStore, spec: Pipeline, exp: Expected) -> Manifest:
 
 def staging_runs(store: ObjectStore, spec: Pipeline) -> set[str]:
     root = f"pipelines/{spec.name}/staging/"
-    return {i.key[len(root):].split("/", 1)[0] for i in store.list(root)}
+    return {i.key[len(root) :].split("/", 1)[0] for i in store.list(root)}
 
 
 def output_hashes(m: Manifest) -> dict[str, dict[str, str]]:
@@ -300,7 +332,7 @@ def subprocess_env(cli_env: dict[str, str], spark_remote: str | None, **extra: s
     return env
 
 
-def wire(args: list[str], env: dict[str, str], expect_rc: int | None = 0, timeout: float = 600):
+def wire(args: Sequence[str | os.PathLike[str]], env: dict[str, str], expect_rc: int | None = 0, timeout: float = 600):
     p = run_wire([str(a) for a in args], env, timeout=timeout)
     if expect_rc is not None:
         assert p.returncode == expect_rc, (
@@ -369,7 +401,10 @@ def tumble_table(spec: Pipeline, rows: list[tuple[str, int, int]]):
     schema = engine._empty_output(spec, "tumble").schema
     w = spec.window("tumble")
     return pa.Table.from_pylist(
-        [{"key": k, "window_start": s, "window_end": s + w.size, "n": n, "total": float(n), "top": float(n)} for k, s, n in rows],
+        [
+            {"key": k, "window_start": s, "window_end": s + w.size, "n": n, "total": float(n), "top": float(n)}
+            for k, s, n in rows
+        ],
         schema=schema,
     )
 
@@ -397,10 +432,21 @@ def hand_epoch(
     state = {"tumble": cp.stage(run_id, "state/tumble.parquet", parquet_bytes(st), 0, epoch)}
     w = watermark if watermark is not None else T0 + epoch * 10_000
     m = Manifest(
-        pipeline=spec.name, epoch=epoch, previous=carry.epoch if carry else None, run_id=run_id,
-        fingerprint=spec.fingerprint(), config={}, remap={}, segments={}, segment_watermarks={}, decisions={},
-        watermark=w, prev_watermark=carry.watermark if carry else NEG_INF, outputs=outputs,
-        changed={"tumble": sorted(parts)}, state=state,
+        pipeline=spec.name,
+        epoch=epoch,
+        previous=carry.epoch if carry else None,
+        run_id=run_id,
+        fingerprint=spec.fingerprint(),
+        config={},
+        remap={},
+        segments={},
+        segment_watermarks={},
+        decisions={},
+        watermark=w,
+        prev_watermark=carry.watermark if carry else NEG_INF,
+        outputs=outputs,
+        changed={"tumble": sorted(parts)},
+        state=state,
     )
     cp.prepare(m)
     if commit:

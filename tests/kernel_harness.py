@@ -21,7 +21,17 @@ from wire_dagster.streams import chunk_schema
 from wire_dagster.timeutil import NEG_INF
 
 
-def event(spec: Pipeline, t: int, key: str | None = None, id: str | None = None, *, seg: str = "0", seq: int = 0, row: int = 0, **fields) -> dict:
+def event(
+    spec: Pipeline,
+    t: int,
+    key: str | None = None,
+    id: str | None = None,
+    *,
+    seg: str = "0",
+    seq: int = 0,
+    row: int = 0,
+    **fields,
+) -> dict:
     """One event as chunk columns; `fields` are payload fields by their pipeline name."""
     e = {"_t": t, "_key": key, "_id": id, "_row": row, "_seg": seg, "_seq": seq}
     for name in chunk_schema(spec).names:
@@ -52,8 +62,16 @@ class KernelRun:
     def epoch(self, spark, events: list[dict], w_new: int) -> kernel.EpochResult:
         w_prev = self.watermark
         w_new = max(w_prev, w_new)
-        res = kernel.run_epoch(spark, self.spec, events_table(self.spec, events), self.state, self.ids, w_prev, w_new,
-                               single_task=self.single_task)
+        res = kernel.run_epoch(
+            spark,
+            self.spec,
+            events_table(self.spec, events),
+            self.state,
+            self.ids,
+            w_prev,
+            w_new,
+            single_task=self.single_task,
+        )
         self.state = {name: r.state for name, r in res.windows.items()}
         self.ids = res.ids
         self.watermark = w_new

@@ -17,10 +17,10 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+
 import reference
 from kernel_harness import diff_rows, events_table
 from test_kernel_property import compare_state, draw_scenario
-
 from wire_dagster.bucketkernel import DUP, bucket_epoch, pack, side_table, state_schema, unpack
 from wire_dagster.kernel import IDS
 
@@ -45,14 +45,20 @@ def run_buckets(spec, events: pa.Table, side: pa.Table, w_prev: int, w_new: int,
         ev_k, side_k = by_key(events, "_key"), by_key(side, "key")
         packed = [pack({})]
         for k in dict.fromkeys(list(ev_k) + list(side_k)):
-            packed.append(pack(bucket_epoch(spec, ev_k.get(k, events.slice(0, 0)), side_k.get(k, side.slice(0, 0)), w_prev, w_new)))
+            packed.append(
+                pack(
+                    bucket_epoch(spec, ev_k.get(k, events.slice(0, 0)), side_k.get(k, side.slice(0, 0)), w_prev, w_new)
+                )
+            )
     tables = unpack(pa.concat_tables(packed))[0]
     return {k: pa.concat_tables(v, promote_options="permissive") for k, v in tables.items()}
 
 
-@pytest.mark.parametrize("split,flagged_by_spark,sql_sweep", [(False, True, False), (True, True, False), (False, False, False),
-                                                              (False, True, True)],
-                         ids=["one bucket", "bucket per key", "whole epoch flags its duplicates", "sessions swept by SQL"])
+@pytest.mark.parametrize(
+    "split,flagged_by_spark,sql_sweep",
+    [(False, True, False), (True, True, False), (False, False, False), (False, True, True)],
+    ids=["one bucket", "bucket per key", "whole epoch flags its duplicates", "sessions swept by SQL"],
+)
 def test_bucket_kernel_equals_reference(split, flagged_by_spark, sql_sweep, monkeypatch):
     if sql_sweep:  # the path `session_groups` leaves to SQL (null bounds, offsets that could overflow)
         monkeypatch.setattr("wire_dagster.bucketkernel.session_groups", lambda u: None)
@@ -68,7 +74,9 @@ def test_bucket_kernel_equals_reference(split, flagged_by_spark, sql_sweep, monk
             dup = {(e["_seg"], e["_seq"], e["_row"]) for reason, _, e in ref.dead[n_dead:] if reason == "duplicate"}
             flagged = events_table(spec, events)
             if flagged_by_spark:
-                flagged = flagged.append_column(DUP, pa.array([(e["_seg"], e["_seq"], e["_row"]) in dup for e in events], pa.bool_()))
+                flagged = flagged.append_column(
+                    DUP, pa.array([(e["_seg"], e["_seq"], e["_row"]) in dup for e in events], pa.bool_())
+                )
             out = run_buckets(spec, flagged, side_table(spec, state, ids), w_prev, w_new, split)
             where = f"seed {seed} epoch {i}"
             problems = []
@@ -83,7 +91,11 @@ def test_bucket_kernel_equals_reference(split, flagged_by_spark, sql_sweep, monk
                 problems += diff_rows(got.to_pylist() if got else [], want[w.name], f"{where} {w.name} emitted")
                 late = out.get(("late", w.name))
                 got_late = Counter(tuple(r.values()) for r in late.to_pylist()) if late else Counter()
-                want_late = Counter((e["_seg"], e["_seq"], e["_row"]) for reason, name, e in ref.dead[n_dead:] if reason == "late" and name == w.name)
+                want_late = Counter(
+                    (e["_seg"], e["_seq"], e["_row"])
+                    for reason, name, e in ref.dead[n_dead:]
+                    if reason == "late" and name == w.name
+                )
                 if got_late != want_late:
                     problems.append(f"{where} {w.name} late: kernel {sorted(got_late)}, reference {sorted(want_late)}")
                 state[w.name] = out.get(("state", w.name), state[w.name].slice(0, 0)).cast(state[w.name].schema)
@@ -92,7 +104,9 @@ def test_bucket_kernel_equals_reference(split, flagged_by_spark, sql_sweep, monk
             ids = out.get(("ids", ""), IDS.empty_table()).cast(IDS)
             got_ids = {r["id"]: (r["expires"], r["key"], r["t"]) for r in ids.to_pylist()}
             if got_ids != ref.ids:
-                problems.append(f"{where} id memory: kernel {sorted(got_ids.items())}, reference {sorted(ref.ids.items())}")
+                problems.append(
+                    f"{where} id memory: kernel {sorted(got_ids.items())}, reference {sorted(ref.ids.items())}"
+                )
             assert not problems, "\n".join(problems)
             checked["late"] += bool(want_late)
             checked["duplicate"] += bool(dup)
@@ -109,11 +123,13 @@ def _sql_session_groups(u: pa.Table) -> pa.Array:
     return con.sql("""
         WITH s1 AS (
             SELECT *, row_number() OVER () AS _i,
-                   max("end") OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS _pmax
+                   max("end") OVER (PARTITION BY key ORDER BY start, "end"
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS _pmax
             FROM u
         )
         SELECT _i, sum(CASE WHEN _pmax IS NULL OR start > _pmax THEN 1 ELSE 0 END)
-                   OVER (PARTITION BY key ORDER BY start, "end" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
+                   OVER (PARTITION BY key ORDER BY start, "end"
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _grp
         FROM s1 ORDER BY _i
     """).to_arrow_table()["_grp"]
 
@@ -121,7 +137,7 @@ def _sql_session_groups(u: pa.Table) -> pa.Array:
 def _partition(keys: list, grp: list) -> set[frozenset[int]]:
     """Rows grouped by (key, group): the sessions as sets of row numbers, whatever their numbering."""
     out: dict = {}
-    for i, (k, g) in enumerate(zip(keys, grp)):
+    for i, (k, g) in enumerate(zip(keys, grp, strict=True)):
         out.setdefault((k, g), set()).add(i)
     return {frozenset(v) for v in out.values()}
 
@@ -134,10 +150,15 @@ def test_session_groups_are_the_sql_sweeps(seed):
 
     rng = random.Random(seed)
     n = rng.choice([1, 2, 7, 200, 2000])
-    keys = [rng.choice([None, "a", "b", "é", ""]) if rng.random() < 0.3 else f"k{rng.randrange(1 + n // 20)}" for _ in range(n)]
+    keys = [
+        rng.choice([None, "a", "b", "é", ""]) if rng.random() < 0.3 else f"k{rng.randrange(1 + n // 20)}"
+        for _ in range(n)
+    ]
     starts = [rng.randrange(-5_000, 50_000) for _ in range(n)]
     ends = [s + rng.choice([1, 10, 100, 1000, 30_000]) for s in starts]
-    u = pa.table({"key": pa.array(keys, pa.string()), "start": pa.array(starts, pa.int64()), "end": pa.array(ends, pa.int64())})
+    u = pa.table(
+        {"key": pa.array(keys, pa.string()), "start": pa.array(starts, pa.int64()), "end": pa.array(ends, pa.int64())}
+    )
     grp = session_groups(u)
     assert grp is not None
     assert _partition(keys, grp.to_pylist()) == _partition(keys, _sql_session_groups(u).to_pylist())
@@ -146,10 +167,20 @@ def test_session_groups_are_the_sql_sweeps(seed):
 def test_session_groups_leave_what_could_overflow_or_is_null_to_sql():
     from wire_dagster.bucketkernel import session_groups
 
-    wide = pa.table({"key": pa.array(["a", "b", "c", "d"]), "start": pa.array([-(2**61), 0, 5, 9], pa.int64()),
-                     "end": pa.array([2**61, 1, 6, 10], pa.int64())})
+    wide = pa.table(
+        {
+            "key": pa.array(["a", "b", "c", "d"]),
+            "start": pa.array([-(2**61), 0, 5, 9], pa.int64()),
+            "end": pa.array([2**61, 1, 6, 10], pa.int64()),
+        }
+    )
     assert session_groups(wide) is None
-    nulls = pa.table({"key": pa.array(["a", "a"]), "start": pa.array([1, None], pa.int64()), "end": pa.array([2, 3], pa.int64())})
+    nulls = pa.table(
+        {"key": pa.array(["a", "a"]), "start": pa.array([1, None], pa.int64()), "end": pa.array([2, 3], pa.int64())}
+    )
     assert session_groups(nulls) is None
-    empty = pa.table({"key": pa.array([], pa.string()), "start": pa.array([], pa.int64()), "end": pa.array([], pa.int64())})
-    assert session_groups(empty).to_pylist() == []
+    empty = pa.table(
+        {"key": pa.array([], pa.string()), "start": pa.array([], pa.int64()), "end": pa.array([], pa.int64())}
+    )
+    groups = session_groups(empty)
+    assert groups is not None and groups.to_pylist() == []

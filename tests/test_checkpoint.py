@@ -11,8 +11,8 @@ import json
 import time
 
 import pytest
-from commit_scenario import T0, hand_epoch, staging_runs, tumble_rows, write_pipeline
 
+from commit_scenario import T0, hand_epoch, staging_runs, tumble_rows, write_pipeline
 from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints, sha256
 from wire_dagster.errors import CommitConflict, CorruptManifest, ObjectNotFound
@@ -52,7 +52,8 @@ def test_commit_marker_decides_one_winner(store: ObjectStore, spec) -> None:
     cp.commit(a)  # idempotent for the winner
     with pytest.raises(CommitConflict, match="run-win"):
         cp.commit(b)
-    assert cp.marker(2).run_id == "run-win"
+    marker = cp.marker(2)
+    assert marker is not None and marker.run_id == "run-win"
     assert cp.abort("run-win") == 0  # a committed run's staging is never collected
     assert cp.abort("run-lose") > 0
     assert "run-lose" not in staging_runs(store, spec)
@@ -99,7 +100,11 @@ def test_publish_refuses_a_staged_file_altered_after_the_commit(store: ObjectSto
     cp = Checkpoints(store, spec.name)
     m = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 1)]})
     if not with_md5:  # a manifest written before FileRef had an MD5
-        m = m.model_copy(update={"outputs": {"tumble": {p: r.model_copy(update={"md5": None}) for p, r in m.outputs["tumble"].items()}}})
+        m = m.model_copy(
+            update={
+                "outputs": {"tumble": {p: r.model_copy(update={"md5": None}) for p, r in m.outputs["tumble"].items()}}
+            }
+        )
     ref = m.outputs["tumble"][str(P1)]
     good = store.get(ref.key)
     store.put(ref.key, good + b"tampered")
@@ -170,11 +175,14 @@ def test_gc_keeps_last_k_and_every_file_they_name(store: ObjectStore, spec) -> N
         assert cp.verify(k) == []
     left = {i.key for i in store.list(cp.root + "staging/")}
     assert named <= left
-    assert staging_runs(store, spec) == {f.key.split("/")[3] for f in (cp.load(5).files() + cp.load(6).files())} | {"run-7"}
+    assert staging_runs(store, spec) == {f.key.split("/")[3] for f in (cp.load(5).files() + cp.load(6).files())} | {
+        "run-7"
+    }
     assert "run-orphan" not in staging_runs(store, spec) and "run-3-loser" not in staging_runs(store, spec)
     # the preparing attempt can still commit, and readers then follow it
     cp.commit(preparing)
-    assert cp.verify(cp.latest()) == []
+    latest = cp.latest()
+    assert latest is not None and cp.verify(latest) == []
     rows = tumble_rows(store, spec)
     assert ("k", P2, 7) in rows and ("k", P2, 2) not in rows  # epoch 7 replaced partition P2 (epoch 2's)
     assert len(rows) == 6
@@ -262,25 +270,39 @@ def test_apply_changes_is_upsert_then_delete_then_sort() -> None:
 
     import pyarrow as pa
 
-    schema = pa.schema([("key", pa.string()), ("window_start", pa.int64()), ("window_end", pa.int64()), ("n", pa.int64()), ("x", pa.float64())])
+    schema = pa.schema(
+        [
+            ("key", pa.string()),
+            ("window_start", pa.int64()),
+            ("window_end", pa.int64()),
+            ("n", pa.int64()),
+            ("x", pa.float64()),
+        ]
+    )
+    idents = [(k, s * 10, s * 10 + 10) for k in (None, "a", "b", "é", "B", "") for s in range(6)]
+
+    def rows(r: random.Random, n: int) -> list[tuple]:
+        return [(*i, r.randrange(5), r.choice([None, 1.5, -2.0])) for i in r.sample(idents, n)]
+
     for seed in range(200):
         r = random.Random(seed)
-        idents = [(k, s * 10, s * 10 + 10) for k in (None, "a", "b", "é", "B", "") for s in range(6)]
-
-        def rows(n):
-            return [(*i, r.randrange(5), r.choice([None, 1.5, -2.0])) for i in r.sample(idents, n)]
-
-        old_rows, ch_rows = (None if r.random() < 0.2 else rows(r.randrange(20))), rows(r.randrange(20))
+        old_rows, ch_rows = (None if r.random() < 0.2 else rows(r, r.randrange(20))), rows(r, r.randrange(20))
         retract = [r.random() < 0.3 for _ in ch_rows]
-        old = None if old_rows is None else pa.Table.from_pylist([dict(zip(schema.names, x)) for x in old_rows], schema=schema)
-        changes = pa.Table.from_pylist([dict(zip(schema.names, x)) for x in ch_rows], schema=schema)
+        old = (
+            None
+            if old_rows is None
+            else pa.Table.from_pylist([dict(zip(schema.names, x, strict=True)) for x in old_rows], schema=schema)
+        )
+        changes = pa.Table.from_pylist([dict(zip(schema.names, x, strict=True)) for x in ch_rows], schema=schema)
         changes = changes.append_column("retract", pa.array(retract, pa.bool_()))
         want = {x[:3]: x for x in old_rows or []}
-        for x, gone in zip(ch_rows, retract):
+        for x, gone in zip(ch_rows, retract, strict=True):
             want.pop(x[:3], None)
             if not gone:
                 want[x[:3]] = x
-        expected = sorted(want.values(), key=lambda x: (x[0] is None, x[0].encode() if x[0] is not None else b"", x[1], x[2]))
+        expected = sorted(
+            want.values(), key=lambda x: (x[0] is None, x[0].encode() if x[0] is not None else b"", x[1], x[2])
+        )
         got = engine.apply_changes(old, changes)
         assert got.schema == schema
         assert [tuple(d.values()) for d in got.to_pylist()] == expected, seed

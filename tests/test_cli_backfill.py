@@ -30,12 +30,14 @@ import pty
 import re
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
-from conftest import run_wire
 
+from conftest import run_wire
 from wire_dagster.timeutil import parse_iso
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -53,7 +55,13 @@ PIPELINE = {
     "end": "2026-01-02T00:00:00Z",  # bounded, as the examples: Dagster checks keys against 1,440 partitions, not ~500 K
     "windows": [
         {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)"}},
-        {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},
+        {
+            "name": "two_by_one",
+            "type": "sliding",
+            "size": "2m",
+            "slide": "1m",
+            "aggregates": {"n": "count", "mean": "avg(amount)"},
+        },
         {"name": "sessions", "type": "session", "gap": "20s", "aggregates": {"n": "count", "total": "sum(amount)"}},
     ],
 }
@@ -70,7 +78,9 @@ def make_events() -> list[dict]:
     """u1 every 7 s over 0:00-2:48; u2 in bursts whose gaps (24-26 s) split sessions at 20 s but not at 30 s."""
     evs = [{"user": "u1", "ts": T0 + i * 7000, "amount": i % 5} for i in range(25)]
     evs += [{"user": "u2", "ts": T0 + 30_000 + i * 3000, "amount": 10 + i} for i in range(6)]
-    evs += [{"user": "u2", "ts": T0 + 70_000 + i * 4000, "amount": 2 * i} for i in range(5)]  # 25 s after the last burst
+    evs += [
+        {"user": "u2", "ts": T0 + 70_000 + i * 4000, "amount": 2 * i} for i in range(5)
+    ]  # 25 s after the last burst
     evs += [{"user": "u2", "ts": T0 + 110_000 + i * 5000, "amount": i} for i in range(4)]  # 24 s after
     evs.sort(key=lambda e: e["ts"])
     for i, e in enumerate(evs):
@@ -88,7 +98,6 @@ def dagster_key(p: int) -> str:
 
 def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
     from reference import batch
-
     from wire_dagster.spec import field_column
 
     evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
@@ -114,8 +123,9 @@ def assert_results(env: dict[str, str], spec, want: dict[str, list[dict]]) -> No
     for w in spec.windows:
         got = read_window(env, w.name)
         assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]], w.name
-        for g, x in zip(got, want[w.name]):
+            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
+        ], w.name
+        for g, x in zip(got, want[w.name], strict=True):
             for a in w.aggregates:
                 assert g[a.name] == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
 
@@ -129,7 +139,9 @@ def run_wire_tty_stderr(args: list[str], env: dict[str, str], timeout: float = 6
     exe = shutil.which("wire", path=str(Path(sys.executable).parent)) or "wire"
     master, slave = pty.openpty()
     env = dict(env, TERM="xterm-256color", COLUMNS="120")
-    proc = subprocess.Popen([exe, *args], env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, *args], env=env, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -173,8 +185,14 @@ def dagster_runs(home: Path) -> list:
         inst.dispose()
 
 
-def latest_materializations(home: Path, spec, partitions: list[int]) -> dict[tuple[str, int], object]:
-    """(window, partition) -> the latest AssetMaterialization EventLogRecord in the instance."""
+class Materialization(NamedTuple):
+    run_id: str
+    tags: Mapping[str, str]
+    metadata: Mapping[str, object]  # the values of the metadata entries
+
+
+def latest_materializations(home: Path, spec, partitions: list[int]) -> dict[tuple[str, int], Materialization]:
+    """(window, partition) -> the latest AssetMaterialization in the instance, and its run."""
     import dagster as dg
 
     inst = dg.DagsterInstance.from_config(str(home))
@@ -183,10 +201,14 @@ def latest_materializations(home: Path, spec, partitions: list[int]) -> dict[tup
         for w in spec.windows:
             for p in partitions:
                 recs = inst.fetch_materializations(
-                    dg.AssetRecordsFilter(asset_key=dg.AssetKey([NAME, w.name]), asset_partitions=[dagster_key(p)]), limit=1
+                    dg.AssetRecordsFilter(asset_key=dg.AssetKey([NAME, w.name]), asset_partitions=[dagster_key(p)]),
+                    limit=1,
                 ).records
                 if recs:
-                    out[(w.name, p)] = recs[0]
+                    mat = recs[0].asset_materialization
+                    assert mat is not None  # a materialization's record carries it
+                    meta = {k: v.value for k, v in mat.metadata.items()}
+                    out[(w.name, p)] = Materialization(recs[0].run_id, dict(mat.tags or {}), meta)
         return out
     finally:
         inst.dispose()
@@ -245,13 +267,14 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
         assert lines and all(re.fullmatch(r"run \S+: SUCCESS", ln) for ln in lines), stdout
 
     m1 = cp.latest()
+    assert m1 is not None
     assert [cp.load(n).kind for n in cp.committed()] == ["process", "process"], "two processing epochs to replay"
     assert_results(env, spec, brute_force(spec, events))  # closed stream, nothing late
     held = sorted({int(p) for parts in m1.outputs.values() for p in parts})
     want_held = sorted({partition_of(r["window_end"]) for rows in brute_force(spec, events).values() for r in rows})
     assert held == want_held
     span = list(range(held[0], held[-1] + M, M))
-    versions_before = {k: r.asset_materialization.tags["dagster/data_version"] for k, r in latest_materializations(home, spec, span).items()}
+    versions_before = {k: r.tags["dagster/data_version"] for k, r in latest_materializations(home, spec, span).items()}
     assert versions_before == {(w.name, p): content_version(store, m1, w.name, p) for w in spec.windows for p in span}
 
     # 1b. Bad input once results are committed: exit 2, one line, nothing written, no Dagster run.
@@ -268,7 +291,10 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
         p = run_wire(["backfill", *args], env, timeout=300)
         assert p.returncode == 2, (args, p.stdout, p.stderr)
         assert p.stdout == "", (args, p.stdout)
-        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: ") and msg in p.stderr, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: ") and msg in p.stderr, (
+            args,
+            p.stderr,
+        )
     assert bucket_snapshot(store) == before
     assert len(dagster_runs(home)) == runs_before
 
@@ -279,7 +305,9 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     rows = [json.loads(ln) for ln in stdout.splitlines()]  # stdout is JSON lines only
     assert [parse_iso(r["partition"]) for r in rows] == span
     assert {r["result"] for r in rows} == {"reproduced"} and all(r["epoch"] is None for r in rows), rows
-    assert {(w, parse_iso(r["partition"])): v["data_version"] for r in rows for w, v in r["windows"].items()} == versions_before
+    assert {
+        (w, parse_iso(r["partition"])): v["data_version"] for r in rows for w, v in r["windows"].items()
+    } == versions_before
     assert cp.committed() == [1, 2], "a reproduced backfill commits no epoch"
     assert bucket_snapshot(store) == before
 
@@ -290,8 +318,8 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     assert bf[0].tags["dagster/asset_partition_range_end"] == dagster_key(span[-1])
     after = latest_materializations(home, spec, span)
     assert {k: r.run_id for k, r in after.items()} == {k: bf[0].run_id for k in versions_before}
-    assert {k: r.asset_materialization.tags["dagster/data_version"] for k, r in after.items()} == versions_before
-    assert {r.asset_materialization.metadata["backfill"].value for r in after.values()} == {"reproduced"}
+    assert {k: r.tags["dagster/data_version"] for k, r in after.items()} == versions_before
+    assert {r.metadata["backfill"] for r in after.values()} == {"reproduced"}
 
     # 3. The pipeline changes: one new epoch, results = batch aggregation under the new file.
     pfile.write_text(yaml.safe_dump(changed_pipeline()))
@@ -300,8 +328,11 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     old_p = {w.name: by_partition(old[w.name]) for w in spec.windows}
     new_p = {w.name: by_partition(new[w.name]) for w in spec2.windows}
     want_changed = {
-        (w.name, p) for w in spec2.windows for p in span
-        if (w.name == "per_minute" and new_p[w.name].get(p)) or (w.name == "sessions" and old_p[w.name].get(p) != new_p[w.name].get(p))
+        (w.name, p)
+        for w in spec2.windows
+        for p in span
+        if (w.name == "per_minute" and new_p[w.name].get(p))
+        or (w.name == "sessions" and old_p[w.name].get(p) != new_p[w.name].get(p))
     }
     assert any(w == "sessions" for w, _ in want_changed), "the gap change must move sessions"
 
@@ -309,9 +340,11 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert cp.committed() == [1, 2, 3]
     m3 = cp.latest()
-    assert m3.kind == "backfill"
+    assert m3 is not None and m3.kind == "backfill"
     changed_parts = {pp for _, pp in want_changed}
-    assert f"{len(span)} partitions: {len(span) - len(changed_parts)} reproduced, {len(changed_parts)} changed" in p.stdout, p.stdout
+    assert (
+        f"{len(span)} partitions: {len(span) - len(changed_parts)} reproduced, {len(changed_parts)} changed" in p.stdout
+    ), p.stdout
     assert "changed (epoch 3)" in p.stdout, p.stdout
     assert_results(env, spec2, new)
     # The published copies are exactly the new manifest's files (a partition left empty lost its copy).
@@ -324,20 +357,32 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     for w in spec2.windows:
         for pp in span:
             rec = after[(w.name, pp)]
-            mat = rec.asset_materialization
             assert rec.run_id in bf3
-            assert mat.tags["dagster/data_version"] == content_version(store, m3, w.name, pp), (w.name, pp)
+            assert rec.tags["dagster/data_version"] == content_version(store, m3, w.name, pp), (w.name, pp)
             if (w.name, pp) in want_changed:
-                assert mat.metadata["backfill"].value == "changed" and mat.metadata["backfill_epoch"].value == 3, (w.name, pp)
-                assert mat.tags["dagster/data_version"] != versions_before[(w.name, pp)], (w.name, pp)
+                assert rec.metadata["backfill"] == "changed" and rec.metadata["backfill_epoch"] == 3, (w.name, pp)
+                assert rec.tags["dagster/data_version"] != versions_before[(w.name, pp)], (w.name, pp)
             else:
-                assert mat.metadata["backfill"].value == "reproduced", (w.name, pp)
-                assert mat.tags["dagster/data_version"] == versions_before[(w.name, pp)], (w.name, pp)
+                assert rec.metadata["backfill"] == "reproduced", (w.name, pp)
+                assert rec.tags["dagster/data_version"] == versions_before[(w.name, pp)], (w.name, pp)
 
     # 4. A sub-range with the new file: exactly the partitions it overlaps, all reproduced.
     snap = bucket_snapshot(store)
-    p = run_wire(["backfill", "--pipeline", NAME, "--from", "2026-01-01T00:01:30Z", "--to", "2026-01-01T00:02:30", "--format", "jsonl"],
-                 env, timeout=600)
+    p = run_wire(
+        [
+            "backfill",
+            "--pipeline",
+            NAME,
+            "--from",
+            "2026-01-01T00:01:30Z",
+            "--to",
+            "2026-01-01T00:02:30",
+            "--format",
+            "jsonl",
+        ],
+        env,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = [json.loads(ln) for ln in p.stdout.splitlines()]
     assert [parse_iso(r["partition"]) for r in rows] == [T0 + M, T0 + 2 * M]

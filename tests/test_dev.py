@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+
 from dagster_stack import wait_until
 
 START_TIMEOUT = 240  # dagster dev loads the code location in three Python processes on a loaded machine
@@ -59,15 +60,22 @@ def wire_exe() -> str:
 
 def location_loaded(port: int) -> bool:
     """The webserver answers GraphQL and its code location is loaded (so the code servers run)."""
-    q = b'{"query": "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError { __typename } } } } }"}'
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=q, headers={"Content-Type": "application/json"})
+    q = (
+        b'{"query": "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus '
+        b'locationOrLoadError { __typename } } } } }"}'
+    )
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql", data=q, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             d = json.loads(r.read())
     except (OSError, ValueError):
         return False
     entries = ((d.get("data") or {}).get("workspaceOrError") or {}).get("locationEntries") or []
-    return bool(entries) and all(e["loadStatus"] == "LOADED" and e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries)
+    return bool(entries) and all(
+        e["loadStatus"] == "LOADED" and e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries
+    )
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -127,20 +135,40 @@ def test_ctrl_c_stops_dagster_dev_and_the_embedded_servers(tmp_path: Path, how: 
     pdir.mkdir()
     (pdir / "devp.yaml").write_text(yaml.safe_dump(PIPELINE))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WIRE_", "AWS_", "SPARK_", "DAGSTER_"))}
-    env.update(WIRE_HOME=str(home), DAGSTER_HOME=str(tmp_path / "dagster-home"), WIRE_PIPELINES=str(pdir),
-               WIRE_SPARK_DRIVER_MEMORY="512m", PYSPARK_PYTHON=sys.executable)
+    env.update(
+        WIRE_HOME=str(home),
+        DAGSTER_HOME=str(tmp_path / "dagster-home"),
+        WIRE_PIPELINES=str(pdir),
+        WIRE_SPARK_DRIVER_MEMORY="512m",
+        PYSPARK_PYTHON=sys.executable,
+    )
     shared = how.endswith("already running")
     if shared:
-        p = subprocess.run([wire_exe(), "s3", "start"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        p = subprocess.run(
+            [wire_exe(), "s3", "start"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
         assert p.returncode == 0, p.stderr
-        p = subprocess.run([wire_exe(), "spark", "start", "--conf", JAVA_OPTS], env=env, capture_output=True, text=True,
-                           timeout=300, check=False)
+        p = subprocess.run(
+            [wire_exe(), "spark", "start", "--conf", JAVA_OPTS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert p.returncode == 0, p.stderr
     port = free_port()
     log = tmp_path / "wire-dev.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([wire_exe(), "dev", "--port", str(port)], env=env, cwd=str(tmp_path), stdout=f,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [wire_exe(), "dev", "--port", str(port)],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     recorded: dict[int, psutil.Process] = {}
     s3 = EmbeddedS3(home / "s3")
     spark = EmbeddedSpark(home / "spark")
@@ -151,19 +179,33 @@ def test_ctrl_c_stops_dagster_dev_and_the_embedded_servers(tmp_path: Path, how: 
         return None
 
     try:
-        wait_until(lambda: location_loaded(port), START_TIMEOUT, "the Dagster webserver with its code location", dead, every=1.0)
+        wait_until(
+            lambda: location_loaded(port),
+            START_TIMEOUT,
+            "the Dagster webserver with its code location",
+            dead,
+            every=1.0,
+        )
         wait_until(s3.running, 60, "the embedded S3 server answers", dead)
         url = wait_until(spark.running, START_TIMEOUT, "the embedded Spark server accepts connections", dead)
         # wire dev is up once it says so (after its probe query of the Spark server, a child of its own, ended).
-        wait_until(lambda: "Ctrl-C stops them" in log.read_text(errors="replace"), START_TIMEOUT, "wire dev's ready line", dead)
+        wait_until(
+            lambda: "Ctrl-C stops them" in log.read_text(errors="replace"), START_TIMEOUT, "wire dev's ready line", dead
+        )
         info = json.loads((home / "s3" / "weed.pid").read_text())
         spark_info = json.loads((home / "spark" / "spark.pid").read_text())
 
         wire = psutil.Process(proc.pid)
-        dagster_dev = [c for c in wire.children() if any(Path(a).name == "dagster" for a in c.cmdline()[:2]) and "dev" in c.cmdline()]
+        dagster_dev = [
+            c
+            for c in wire.children()
+            if any(Path(a).name == "dagster" for a in c.cmdline()[:2]) and "dev" in c.cmdline()
+        ]
         assert len(dagster_dev) == 1, [c.cmdline() for c in wire.children()]
         assert dagster_dev[0].environ().get("WIRE_SPARK_REMOTE") == url  # every run attaches to the server
-        procs = tree(proc)  # wire dev and its descendants and their groups: dagster dev's (webserver, daemon, code servers)
+        procs = tree(
+            proc
+        )  # wire dev and its descendants and their groups: dagster dev's (webserver, daemon, code servers)
         s3_procs = group_members(int(info["pgid"]))  # the S3 server's group, named by its pid file
         assert int(info["pid"]) in {p.pid for p in s3_procs}
         spark_procs = group_members(int(spark_info["pgid"]))  # the Spark server's group (the JVM, its Python workers)
@@ -182,7 +224,9 @@ def test_ctrl_c_stops_dagster_dev_and_the_embedded_servers(tmp_path: Path, how: 
         try:
             rc = proc.wait(timeout=STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"wire dev still running {STOP_TIMEOUT}s after {how}:\n{log.read_text(errors='replace')[-4000:]}")
+            pytest.fail(
+                f"wire dev still running {STOP_TIMEOUT}s after {how}:\n{log.read_text(errors='replace')[-4000:]}"
+            )
         assert rc == 0, log.read_text(errors="replace")[-4000:]
         # Everything it started is stopped before it exits; allow a few seconds for the kernel's bookkeeping.
         deadline = time.monotonic() + 10
@@ -191,8 +235,9 @@ def test_ctrl_c_stops_dagster_dev_and_the_embedded_servers(tmp_path: Path, how: 
         assert not left, [(p.pid, cmdline(p)) for p in left if running(p)]
         if shared:
             assert all(running(p) for p in s3_procs) and s3.running(), "wire dev stopped an S3 server it did not start"
-            assert running(psutil.Process(int(spark_info["pid"]))) and spark.running() == url, \
+            assert running(psutil.Process(int(spark_info["pid"]))) and spark.running() == url, (
                 "wire dev stopped a Spark server it did not start"
+            )
         else:
             assert not (home / "s3" / "weed.pid").exists(), "the S3 server's pid file outlived it"
             assert s3.config is None

@@ -187,7 +187,7 @@ def compose_problems(compose: dict) -> list[str]:
     declared = set((compose.get("volumes") or {}).keys())
     used: set[str] = set()
     for name, service in services.items():
-        for source, target, kind in volume_mounts(service):
+        for source, _target, kind in volume_mounts(service):
             if kind == "volume" and source:
                 used.add(source)
                 if source not in declared:
@@ -220,9 +220,7 @@ def compose_problems(compose: dict) -> list[str]:
     for name, service in services.items():
         for key, value in env_of(service).items():
             if (SECRET_NAME.search(key) or key in SECRET_ENV_KEYS) and not is_required_reference(value):
-                problems.append(
-                    f"service {name!r}: {key} must be a required ${{VAR:?...}} reference, not {value!r}"
-                )
+                problems.append(f"service {name!r}: {key} must be a required ${{VAR:?...}} reference, not {value!r}")
 
     for name in DAGSTER_SERVICES:
         if name not in services:
@@ -280,7 +278,7 @@ def copy_args(args: str) -> tuple[dict[str, str], list[str], str]:
     rest = args.strip()
     while match := re.match(r"--([A-Za-z-]+)(?:=(\S*))?\s+", rest):
         flags[match.group(1)] = match.group(2) or ""
-        rest = rest[match.end():]
+        rest = rest[match.end() :]
     tokens = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
     return flags, tokens[:-1], tokens[-1]
 
@@ -553,6 +551,7 @@ def test_dockerfile_installs_what_the_instance_needs():
     assert env_of(services["webserver"])["DAGSTER_HOME"] == dagster_home
     assert PurePosixPath(copies["docker/dagster.yaml"]) == PurePosixPath(dagster_home) / "dagster.yaml"
     workspace = find_command_option(services["webserver"]["command"], "-w")
+    assert workspace is not None, "the webserver's command names its workspace with -w"
     assert PurePosixPath(copies["docker/workspace.yaml"]) == PurePosixPath(workspace)
     # the code location loads /opt/wire/definitions.py and /opt/wire/pipelines
     assert copies["definitions.py"] in ("./", ".", "/opt/wire/", "/opt/wire/definitions.py")
@@ -628,7 +627,7 @@ def test_dagster_yaml_passes_dagsters_instance_schema(tmp_path, dagster_env):
 
     # The `env:` references resolve against the environment compose sets.
     resolved = process_config(pg_config(), config["storage"]["postgres"])
-    assert resolved.success, resolved.errors
+    assert resolved.success and resolved.value is not None, resolved.errors
     db = resolved.value["postgres_db"]
     assert (db["username"], db["password"], db["hostname"], db["db_name"], db["port"]) == (
         "wire_user",
@@ -656,8 +655,8 @@ def test_dagster_instance_builds_queue_and_launcher(tmp_path):
     try:
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
         assert isinstance(instance.run_launcher, DefaultRunLauncher)
-        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-        assert TAG_LIMIT in limits
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue is not None and TAG_LIMIT in queue.tag_concurrency_limits
     finally:
         instance.dispose()
 
@@ -690,7 +689,7 @@ def test_local_instance_yaml_monitors_and_retries_dead_runs(tmp_path):
     Dagster's schema and frees the pool slot of a run whose worker died, then retries it:
     without both, a kill -9 leaves the pipeline's only slot claimed forever."""
     pytest.importorskip("dagster")
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance, QueuedRunCoordinator
     from dagster._core.instance.config import dagster_instance_config
 
     from wire_dagster.devstack import instance_yaml
@@ -704,6 +703,7 @@ def test_local_instance_yaml_monitors_and_retries_dead_runs(tmp_path):
     instance = DagsterInstance.from_config(str(tmp_path))
     try:
         assert instance.run_monitoring_enabled and instance.run_retries_enabled
-        assert instance.run_coordinator.dequeue_interval_seconds == 1
+        coordinator = instance.run_coordinator
+        assert isinstance(coordinator, QueuedRunCoordinator) and coordinator.dequeue_interval_seconds == 1
     finally:
         instance.dispose()

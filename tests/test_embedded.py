@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dagster_stack import group_gone, wait_until
 
+from dagster_stack import group_gone, wait_until
 from wire_dagster.embedded import EmbeddedS3, default_home, resolve_s3
 from wire_dagster.errors import ObjectStoreError
 from wire_dagster.objectstore import ObjectStore, S3Config
@@ -161,7 +161,10 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WIRE_S3_")}
     run = lambda *a: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "wire_dagster.embedded", *a, "--home", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     srv = EmbeddedS3(tmp_path / "s3")
     try:

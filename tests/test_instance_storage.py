@@ -37,6 +37,12 @@ def _instance(home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_config(str(home))
 
 
+def _wire_storage(inst: dg.DagsterInstance) -> WireSqliteEventLogStorage:
+    st = inst.event_log_storage
+    assert isinstance(st, WireSqliteEventLogStorage), type(st)
+    return st
+
+
 def _new_run(inst: dg.DagsterInstance) -> str:
     return inst.run_storage.add_run(DagsterRun(job_name="j", run_id=str(uuid.uuid4()))).run_id
 
@@ -47,7 +53,9 @@ def _materialize(inst: dg.DagsterInstance, run_id: str, partition: str, tags: di
             event_type_value="ASSET_MATERIALIZATION",
             job_name="j",
             step_key="s",
-            event_specific_data=StepMaterializationData(dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"p": partition}, tags=tags)),
+            event_specific_data=StepMaterializationData(
+                dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"p": partition}, tags=tags)
+            ),
         ),
         run_id,
     )
@@ -55,7 +63,9 @@ def _materialize(inst: dg.DagsterInstance, run_id: str, partition: str, tags: di
 
 def _plan(inst: dg.DagsterInstance, run_id: str, partition: str) -> None:
     inst.report_dagster_event(
-        DagsterEvent.build_asset_materialization_planned_event("j", "s", AssetMaterializationPlannedData(ASSET, partition=partition)),
+        DagsterEvent.build_asset_materialization_planned_event(
+            "j", "s", AssetMaterializationPlannedData(ASSET, partition=partition)
+        ),
         run_id,
     )
 
@@ -91,7 +101,9 @@ def test_a_plain_dagster_instance_reads_what_it_wrote_and_the_other_way_round(ho
     (home / "dagster.yaml").write_text(instance_yaml(home))
     with _instance(home) as inst:
         assert _materialized(inst) == {"p0", "p1", "p2"}
-        assert [r.event_log_entry.dagster_event.event_type_value for r in inst.get_records_for_run(b).records] == ["ASSET_MATERIALIZATION"]
+        assert [r.event_log_entry.dagster_event_type for r in inst.get_records_for_run(b).records] == [
+            dg.DagsterEventType.ASSET_MATERIALIZATION
+        ]
 
 
 def test_events_other_processes_write_meanwhile_are_stored_and_seen(home):
@@ -109,7 +121,10 @@ def test_events_other_processes_write_meanwhile_are_stored_and_seen(home):
                 _materialize(inst, run_id, f"{{sys.argv[2]}}-{{i}}")
             inst.dispose()
         """)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+        }
         procs = [subprocess.Popen([sys.executable, "-c", child, str(home), name], env=env) for name in ("a", "b")]
         for i in range(1, 40):  # written while the two children write theirs
             _materialize(inst, mine, f"mine-{i}")
@@ -130,7 +145,7 @@ def test_threads_of_one_process_share_the_connections(home):
                 for i in range(30):
                     _plan(inst, runs[k], f"{k}-{i}")
                     _materialize(inst, runs[k], f"{k}-{i}")
-            except BaseException as e:  # noqa: BLE001 - re-raised by the assertion below
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
@@ -145,13 +160,13 @@ def test_threads_of_one_process_share_the_connections(home):
 
 def test_open_run_databases_are_bounded_and_a_closed_one_reopens(home):
     with _instance(home) as inst:
-        st = inst.event_log_storage
+        st = _wire_storage(inst)
         runs = [_new_run(inst) for _ in range(st.RUN_SHARDS + 4)]
         for i, r in enumerate(runs):
             _materialize(inst, r, f"p{i}")
         open_ = st.open_shards()
         assert "index" in open_
-        assert [s for s in open_ if s != "index"] == runs[-st.RUN_SHARDS:]  # the most recently used
+        assert [s for s in open_ if s != "index"] == runs[-st.RUN_SHARDS :]  # the most recently used
         assert len(inst.get_records_for_run(runs[0]).records) == 1  # closed, reopened on use
         _materialize(inst, runs[0], "again")
         assert len(inst.get_records_for_run(runs[0]).records) == 2
@@ -180,14 +195,15 @@ def test_schema_checks_are_asked_once_and_a_missing_table_each_time(home, monkey
 
     monkeypatch.setattr(SqliteEventLogStorage, "has_table", counting)
     with _instance(home) as inst:
-        st = inst.event_log_storage
+        st = _wire_storage(inst)
         r = _new_run(inst)
         for i in range(20):
             _plan(inst, r, f"p{i}")
             _materialize(inst, r, f"p{i}", tags={"dagster/data_version": f"v{i}"})  # tags: a table check each
         assert _materialized(inst) == {f"p{i}" for i in range(20)}
         versions = inst.get_latest_data_version_record(ASSET, partition_key="p7")
-        assert versions is not None and versions.asset_materialization.tags["dagster/data_version"] == "v7"
+        mat = versions.asset_materialization if versions is not None else None
+        assert mat is not None and (mat.tags or {}).get("dagster/data_version") == "v7"
         assert asked and len(asked) == len(set(asked))  # every table asked about once, not per event
         assert "asset_event_tags" in asked
         assert not st.has_table("no_such_table") and not st.has_table("no_such_table")
@@ -204,9 +220,9 @@ def _synchronous(st: WireSqliteEventLogStorage) -> tuple[int, int]:
     import sqlalchemy as sa
 
     with st.index_connection() as conn:
-        index = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+        index = conn.execute(sa.text("PRAGMA synchronous")).scalar_one()
     with st.run_connection("r-pragma") as conn:
-        run = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+        run = conn.execute(sa.text("PRAGMA synchronous")).scalar_one()
     return index, run
 
 
@@ -219,7 +235,7 @@ def test_synchronous_is_normal_unless_configured(home, config, expected):
         cfg["event_log_storage"]["config"]["synchronous"] = config
         (home / "dagster.yaml").write_text(yaml.safe_dump(cfg))
     with _instance(home) as inst:
-        assert _synchronous(inst.event_log_storage) == (expected, expected)
+        assert _synchronous(_wire_storage(inst)) == (expected, expected)
 
 
 def test_a_bad_synchronous_value_is_one_clear_error(tmp_path):

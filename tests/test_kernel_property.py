@@ -23,9 +23,10 @@ from collections import Counter
 
 import duckdb
 import pytest
-import reference
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
+
+import reference
 from kernel_harness import (
     KernelRun,
     check_balance,
@@ -35,7 +36,6 @@ from kernel_harness import (
     event,
     events_table,
 )
-
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF, NEG_INF
 
@@ -43,25 +43,58 @@ SEEDS = int(os.environ.get("WIRE_SEEDS", "3"))
 
 WINDOWS = [
     # tumbling with an offset; every aggregate
-    {"name": "tum", "type": "tumbling", "size": 10, "offset": 3,
-     "aggregates": {"n": "count", "total": "sum(v)", "lo": "min(v)", "hi": "max(v)", "mean": "avg(v)", "users": "count_distinct(u)"}},
+    {
+        "name": "tum",
+        "type": "tumbling",
+        "size": 10,
+        "offset": 3,
+        "aggregates": {
+            "n": "count",
+            "total": "sum(v)",
+            "lo": "min(v)",
+            "hi": "max(v)",
+            "mean": "avg(v)",
+            "users": "count_distinct(u)",
+        },
+    },
     # sliding with an offset (3 windows per event)
-    {"name": "sl", "type": "sliding", "size": 12, "slide": 4, "offset": 1,
-     "aggregates": {"n": "count", "mean": "avg(v)", "vals": "count_distinct(v)", "hi": "max(v)"}},
+    {
+        "name": "sl",
+        "type": "sliding",
+        "size": 12,
+        "slide": 4,
+        "offset": 1,
+        "aggregates": {"n": "count", "mean": "avg(v)", "vals": "count_distinct(v)", "hi": "max(v)"},
+    },
     # session with a fixed gap
-    {"name": "se", "type": "session", "gap": 5,
-     "aggregates": {"n": "count", "total": "sum(v)", "hi": "max(v)", "users": "count_distinct(u)"}},
+    {
+        "name": "se",
+        "type": "session",
+        "gap": 5,
+        "aggregates": {"n": "count", "total": "sum(v)", "hi": "max(v)", "users": "count_distinct(u)"},
+    },
     # session with a per-event gap field
-    {"name": "sg", "type": "session", "gap": 4, "gap_field": "g",
-     "aggregates": {"n": "count", "lo": "min(v)", "mean": "avg(v)"}},
+    {
+        "name": "sg",
+        "type": "session",
+        "gap": 4,
+        "gap_field": "g",
+        "aggregates": {"n": "count", "lo": "min(v)", "mean": "avg(v)"},
+    },
 ]
 
 
 def pipeline(lateness: int, with_id: bool = True):
     event_cfg = {"key": "k", "time": "t", **({"id": "id"} if with_id else {})}
     return pipeline_from_dict(
-        {"name": "prop", "event": event_cfg, "lateness": {"allowed": lateness}, "partition": 20,
-         "start": "1970-01-01T00:00:00Z", "windows": WINDOWS}
+        {
+            "name": "prop",
+            "event": event_cfg,
+            "lateness": {"allowed": lateness},
+            "partition": 20,
+            "start": "1970-01-01T00:00:00Z",
+            "windows": WINDOWS,
+        }
     )
 
 
@@ -99,7 +132,7 @@ def draw_scenario(rnd: random.Random):
     evs.sort(key=lambda e: e["_t"] + rnd.uniform(0, 40))
     k = rnd.randint(2, 4)
     cuts = sorted(rnd.randint(0, len(evs)) for _ in range(k - 1))
-    groups = [evs[a:b] for a, b in zip([0] + cuts, cuts + [len(evs)])]
+    groups = [evs[a:b] for a, b in zip([0, *cuts], [*cuts, len(evs)], strict=True)]
     epochs, w, hi = [], NEG_INF, -20
     for i, g in enumerate(groups):
         rows: Counter = Counter()
@@ -133,10 +166,16 @@ def features(spec, epochs) -> set[str]:
         w_prev, before = ref.watermark, {n: len(s) for n, s in ref.windows.items()}
         out = reference.run_epoch(spec, ref, events, w)
         for name, rows in out.items():
-            seen |= {"retraction" if r["retract"] else "late firing" for r in rows if r["retract"] or r["window_end"] <= w_prev}
+            seen |= {
+                "retraction" if r["retract"] else "late firing"
+                for r in rows
+                if r["retract"] or r["window_end"] <= w_prev
+            }
             if before.get(name, 0) and len(ref.windows[name]) < before[name]:
                 seen.add("purge")
-    seen |= {"late dead letter" for d in ref.dead if d[0] == "late"} | {"duplicate" for d in ref.dead if d[0] == "duplicate"}
+    seen |= {"late dead letter" for d in ref.dead if d[0] == "late"} | {
+        "duplicate" for d in ref.dead if d[0] == "duplicate"
+    }
     return seen
 
 
@@ -152,6 +191,7 @@ def scenario(seed: int, tries: int = 40):
             best, best_n = (spec, epochs), n
         if n == len(FEATURES):
             break
+    assert best is not None, "tries >= 1"
     return best
 
 
@@ -162,7 +202,8 @@ def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
         got = {(r["key"], r["start"], r["end"]): r for r in kernel_state[w.name].to_pylist()}
         want = ref_state.get(w.name, {})
         if set(got) != set(want):
-            out.append(f"{w.name} state: kernel-only {sorted(set(got) - set(want))}, reference-only {sorted(set(want) - set(got))}")
+            only_k, only_r = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+            out.append(f"{w.name} state: kernel-only {only_k}, reference-only {only_r}")
             continue
         for k, p in want.items():
             for c, v in p.items():
@@ -178,16 +219,24 @@ def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
     return out
 
 
-@settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
-          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=SEEDS,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),  # pyright: ignore[reportArgumentType]  HealthCheckMeta.__iter__ is untyped
+)
 @given(seed=st.integers(0, 2**32 - 1))
 @pytest.mark.parametrize("single_task", [False, True], ids=["key buckets", "single task"])
 def test_kernel_equals_reference(spark, single_task, seed):
     spec, epochs = scenario(seed)
-    note(f"lateness={spec.allowed_lateness} epochs={[(len(g), w) for g, w in epochs]} features={sorted(features(spec, epochs))}")
+    shape = [(len(g), w) for g, w in epochs]
+    note(f"lateness={spec.allowed_lateness} epochs={shape} features={sorted(features(spec, epochs))}")
     run, ref = KernelRun(spec, single_task=single_task), reference.RefState()
     for i, (events, w_new) in enumerate(epochs, start=1):
-        note(f"epoch {i}: W {run.watermark} -> {w_new}; events {[(e['_t'], e['_key'], e['_id'], e['_seg'], e['_seq'], e['_row']) for e in events]}")
+        rows = [(e["_t"], e["_key"], e["_id"], e["_seg"], e["_seq"], e["_row"]) for e in events]
+        note(f"epoch {i}: W {run.watermark} -> {w_new}; events {rows}")
         n_dead, before = len(ref.dead), {w: dict(c) for w, c in ref.window_counts.items()}
         dup_before = ref.counts["duplicate"]
         res = run.epoch(spark, events, w_new)
@@ -198,16 +247,27 @@ def test_kernel_equals_reference(spark, single_task, seed):
             wc, b = ref.window_counts[w.name], before.get(w.name, {"counted": 0, "late": 0})
             r = res.windows[w.name]
             if (r.counted, r.late) != (wc["counted"] - b["counted"], wc["late"] - b["late"]):
-                problems.append(f"epoch {i} {w.name}: kernel counted/late {(r.counted, r.late)}, reference {(wc['counted'] - b['counted'], wc['late'] - b['late'])}")
+                ref_counts = (wc["counted"] - b["counted"], wc["late"] - b["late"])
+                problems.append(
+                    f"epoch {i} {w.name}: kernel counted/late {(r.counted, r.late)}, reference {ref_counts}"
+                )
         if res.duplicate != ref.counts["duplicate"] - dup_before:
-            problems.append(f"epoch {i}: kernel duplicates {res.duplicate}, reference {ref.counts['duplicate'] - dup_before}")
+            problems.append(
+                f"epoch {i}: kernel duplicates {res.duplicate}, reference {ref.counts['duplicate'] - dup_before}"
+            )
         want_dead = Counter((reason, w, e["_seg"], e["_seq"], e["_row"]) for reason, w, e in ref.dead[n_dead:])
         if dead_letter_keys(res) != want_dead:
-            problems.append(f"epoch {i} dead letters: kernel-only {dead_letter_keys(res) - want_dead}, reference-only {want_dead - dead_letter_keys(res)}")
+            got_dead = dead_letter_keys(res)
+            problems.append(
+                f"epoch {i} dead letters: kernel-only {got_dead - want_dead}, reference-only {want_dead - got_dead}"
+            )
         problems += [f"epoch {i} {p}" for p in compare_state(spec, run.state, ref.windows)]
-        got_ids = {r["id"]: (r["expires"], r["key"], r["t"]) for r in run.ids.to_pylist()}
+        id_rows = run.ids.to_pylist() if run.ids is not None else []  # None: no id memory
+        got_ids = {r["id"]: (r["expires"], r["key"], r["t"]) for r in id_rows}
         if got_ids != ref.ids:
-            problems.append(f"epoch {i} id memory: kernel {sorted(got_ids.items())} reference {sorted(ref.ids.items())}")
+            problems.append(
+                f"epoch {i} id memory: kernel {sorted(got_ids.items())} reference {sorted(ref.ids.items())}"
+            )
         assert not problems, "\n".join(problems)
     for w in spec.windows:
         assert not diff_views(run.view.get(w.name, {}), ref.view.get(w.name, {}), f"final view {w.name}")
@@ -248,7 +308,8 @@ def duckdb_batch(spec, events: list[dict]) -> dict[str, list[dict]]:
             gap = f"CASE WHEN g > 0 THEN g ELSE {w.gap} END" if w.gap_field else str(w.gap)
             sql = f"""
                 WITH p AS (SELECT *, t AS s, t + {gap} AS e FROM ev),
-                q AS (SELECT *, max(e) OVER (PARTITION BY k ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM p),
+                q AS (SELECT *, max(e) OVER (PARTITION BY k ORDER BY s, e
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach FROM p),
                 r AS (SELECT *, sum(CASE WHEN reach IS NULL OR s > reach THEN 1 ELSE 0 END)
                                 OVER (PARTITION BY k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM q)
                 SELECT k AS key, min(s) AS window_start, max(e) AS window_end, {aggs}
@@ -258,8 +319,14 @@ def duckdb_batch(spec, events: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-@settings(max_examples=SEEDS, deadline=None, derandomize=True, database=None,
-          phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=SEEDS,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),  # pyright: ignore[reportArgumentType]  HealthCheckMeta.__iter__ is untyped
+)
 @given(seed=st.integers(0, 2**32 - 1), with_id=st.booleans())
 def test_closed_stream_equals_duckdb_batch(spark, seed, with_id):
     rnd = random.Random(seed)

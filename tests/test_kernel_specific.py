@@ -6,9 +6,11 @@ the plain-Python reference, or invariants (determinism, conservation).
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+
 import reference
 from kernel_harness import (
     KernelRun,
@@ -18,18 +20,24 @@ from kernel_harness import (
     event,
     events_table,
 )
-
 from wire_dagster import engine, kernel, streams
 from wire_dagster.parquetio import parquet_bytes
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF, NEG_INF
 
 
-def spec_of(windows, lateness=0, key="k", id="id", **extra):
+def spec_of(windows, lateness=0, key: str | None = "k", id: str | None = "id", **extra):
     ev = {"time": "t", **({"key": key} if key else {}), **({"id": id} if id else {})}
     return pipeline_from_dict(
-        {"name": "sp", "event": ev, "lateness": {"allowed": lateness}, "partition": 60,
-         "start": "1970-01-01T00:00:00Z", "windows": windows, **extra}
+        {
+            "name": "sp",
+            "event": ev,
+            "lateness": {"allowed": lateness},
+            "partition": 60,
+            "start": "1970-01-01T00:00:00Z",
+            "windows": windows,
+            **extra,
+        }
     )
 
 
@@ -41,7 +49,12 @@ def test_decimal_sums_are_exact_and_runs_are_byte_identical(spark):
     """Sums are exact decimals (0.1 + 0.2 == 0.3), and the same epoch twice gives the same bytes."""
     spec = spec_of(
         [
-            {"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count", "total": "sum(v)", "mean": "avg(v)", "d": "count_distinct(v)"}},
+            {
+                "name": "tum",
+                "type": "tumbling",
+                "size": 10,
+                "aggregates": {"n": "count", "total": "sum(v)", "mean": "avg(v)", "d": "count_distinct(v)"},
+            },
             {"name": "se", "type": "session", "gap": 3, "aggregates": {"n": "count", "total": "sum(v)"}},
         ],
         lateness=5,
@@ -114,7 +127,7 @@ def test_retry_into_a_long_open_session_is_a_duplicate(spark):
     assert ref.counts["duplicate"] == 1 and ref.windows["se"][("a", 0, 30)]["p_n_n"] == 5
     # once the session is purged (W >= 30 + 0), the ids are forgotten
     res = run.epoch(spark, [], 30)
-    assert res.ids.num_rows == 0
+    assert res.ids is not None and res.ids.num_rows == 0
 
 
 # ---------------------------------------------------------------------------
@@ -130,7 +143,12 @@ PIPE = {
     "partition": 20,
     "start": "1970-01-01T00:00:00Z",
     "windows": [
-        {"name": "tum", "type": "tumbling", "size": 10, "aggregates": {"n": "count", "total": "sum(amount)", "hi": "max(amount)"}},
+        {
+            "name": "tum",
+            "type": "tumbling",
+            "size": 10,
+            "aggregates": {"n": "count", "total": "sum(amount)", "hi": "max(amount)"},
+        },
         {"name": "sl", "type": "sliding", "size": 10, "slide": 5, "aggregates": {"n": "count", "mean": "avg(amount)"}},
         {"name": "se", "type": "session", "gap": 4, "aggregates": {"n": "count", "users": "count_distinct(user)"}},
     ],
@@ -146,7 +164,19 @@ def _produce(store, spec, tmp_path, segment: str, records: list, name: str):
     out = []
     for row, r in enumerate(records):
         if isinstance(r, dict):
-            out.append(event(spec, r["ts"], r["user"], r["event_id"], seg=segment, seq=rep.chunks[0], row=row, amount=r.get("amount"), user=r["user"]))
+            out.append(
+                event(
+                    spec,
+                    r["ts"],
+                    r["user"],
+                    r["event_id"],
+                    seg=segment,
+                    seq=rep.chunks[0],
+                    row=row,
+                    amount=r.get("amount"),
+                    user=r["user"],
+                )
+            )
     return out
 
 
@@ -166,26 +196,35 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
     ev1 += _produce(store, spec, tmp_path, "s1", [rec(8, "b", 5, 3.0), "not json", rec(30, "b", 6)], "b")
     out = engine.process(store, spec, spark)
     m1 = out.manifest
-    assert out.committed == [1] and m1.watermark == 25
+    assert m1 is not None and out.committed == [1] and m1.watermark == 25
     reference.run_epoch(spec, ref, ev1, m1.watermark)
 
     # epoch 2: the first chunk retried (duplicates), late events within and past lateness; W = min(45, 55) = 45
     ev2 = _produce(store, spec, tmp_path, "s0", first, "c")
-    ev2 += _produce(store, spec, tmp_path, "s1", [rec(24, "a", 7, 5.0), rec(2, "b", 8, 1.0), rec(60, "b", 9, 2.0), rec(46, "a", 10, 7.0)], "d")
+    ev2 += _produce(
+        store,
+        spec,
+        tmp_path,
+        "s1",
+        [rec(24, "a", 7, 5.0), rec(2, "b", 8, 1.0), rec(60, "b", 9, 2.0), rec(46, "a", 10, 7.0)],
+        "d",
+    )
     m2 = engine.process(store, spec, spark).manifest
-    assert m2.epoch == 2 and m2.watermark == 45
+    assert m2 is not None and m2.epoch == 2 and m2.watermark == 45
     reference.run_epoch(spec, ref, ev2, m2.watermark)
 
     # epoch 3: the stream closes: W = +inf and every open window fires
     streams.close_stream(store, spec)
     m3 = engine.process(store, spec, spark).manifest
-    assert m3.epoch == 3 and m3.watermark == INF
+    assert m3 is not None and m3.epoch == 3 and m3.watermark == INF
     reference.run_epoch(spec, ref, [], INF)
 
     for w in spec.windows:
         got = engine.read_results(store, spec, w.name).to_pylist()
         assert len(got) == len({(r["key"], r["window_start"], r["window_end"]) for r in got})
-        problems = diff_views({(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name)
+        problems = diff_views(
+            {(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name
+        )
         assert not problems, "\n".join(problems)
         assert m3.totals.counted[w.name] == ref.window_counts[w.name]["counted"]
         assert m3.totals.late[w.name] == ref.window_counts[w.name]["late"]
@@ -196,7 +235,10 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
     assert m3.totals.balanced()
     dls = engine.read_dead_letters(store, spec)
     got_dead = sorted((d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in dls)
-    want_dead = sorted([(r, w or "", e["_seg"], e["_seq"], e["_row"]) for r, w, e in ref.dead] + [("malformed: unparsable JSON", "", "s1", 0, 1)])
+    want_dead = sorted(
+        [(r, w or "", e["_seg"], e["_seq"], e["_row"]) for r, w, e in ref.dead]
+        + [("malformed: unparsable JSON", "", "s1", 0, 1)]
+    )
     assert got_dead == want_dead
     late_rows = {(seg, chunk, row) for r, w, seg, chunk, row in got_dead if r == "late"}
     assert {("s0", 1, 0), ("s0", 1, 1), ("s1", 1, 1)} <= late_rows  # retried x1, x2 and t=2: late
@@ -211,9 +253,14 @@ def test_empty_epoch(spark, w_prev, w_new):
     assert not check_balance(spec, res)
 
 
-@pytest.mark.parametrize("result_bytes,pairs_only", [(None, False), (1, False), (None, True)],
-                         ids=["results fit", "results bound: one epoch per job", "rows fit two epochs, not four"])
-def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spark, tmp_path, monkeypatch, result_bytes, pairs_only):
+@pytest.mark.parametrize(
+    "result_bytes,pairs_only",
+    [(None, False), (1, False), (None, True)],
+    ids=["results fit", "results bound: one epoch per job", "rows fit two epochs, not four"],
+)
+def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(
+    store, spark, tmp_path, monkeypatch, result_bytes, pairs_only
+):
     """A backlog computed several epochs per Spark job (state carried in the task), each job
     computing while the previous job's epochs are committed, commits, epoch by epoch, the same
     manifests as one job per epoch with nothing overlapping (one epoch per `process` call) — same
@@ -238,9 +285,18 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
             recs = []
             for i in range(40):
                 t = c * 20 + rng.randrange(0, 30)
-                recs.append({"ts": t, "user": rng.choice("abcd"), "event_id": f"{seg}-{c}-{i}", "amount": rng.randrange(1, 9) * 0.5})
+                recs.append(
+                    {
+                        "ts": t,
+                        "user": rng.choice("abcd"),
+                        "event_id": f"{seg}-{c}-{i}",
+                        "amount": rng.randrange(1, 9) * 0.5,
+                    }
+                )
             recs += [dict(r) for r in rng.sample(recs, 3)]  # repeated ids: duplicates
-            recs.append({"ts": max(0, c * 20 - 25), "user": "a", "event_id": f"{seg}-{c}-late", "amount": 1.0})  # late for some windows
+            recs.append(
+                {"ts": max(0, c * 20 - 25), "user": "a", "event_id": f"{seg}-{c}-late", "amount": 1.0}
+            )  # late for some windows
             produced += _produce(store, per_job, tmp_path, seg, recs, f"{seg}-{c}")
     streams.close_stream(store, per_job)
 
@@ -257,9 +313,9 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
 
         ms = [_Cp(store, "perjob").load(e) for e in a.committed]
         totals = [0] + [m.totals.events_in for m in ms]  # cumulative
-        events = [y - x for x, y in zip(totals, totals[1:])]
+        events = [y - x for x, y in itertools.pairwise(totals)]
         carried = [engine._Carry.of(m).rows for m in ms[:-1]]  # what each next job starts from
-        rows = max(x + y for x, y in zip(events, events[1:])) + max(carried)
+        rows = max(x + y for x, y in itertools.pairwise(events)) + max(carried)
         assert sum(events) > rows  # summed over a job, the backlog would not fit one job
         monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", str(rows))
     monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "8" if pairs_only else "4")
@@ -285,22 +341,30 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(store, spar
         assert (ma.watermark, ma.remap, ma.chunks, ma.changed) == (mb.watermark, mb.remap, mb.chunks, mb.changed)
         assert ma.counts == mb.counts and ma.totals == mb.totals and ma.totals.balanced()
         assert {w: {p: r.sha256 for p, r in ps.items()} for w, ps in ma.outputs.items()} == {
-            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()}
+            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()
+        }
         assert {w: r.sha256 for w, r in ma.state.items()} == {w: r.sha256 for w, r in mb.state.items()}
-        assert ma.ids.sha256 == mb.ids.sha256
+        assert ma.ids is not None and mb.ids is not None and ma.ids.sha256 == mb.ids.sha256
         assert [r.sha256 for r in ma.dead_letters] == [r.sha256 for r in mb.dead_letters]
-        evs = [e for seg, (lo, hi) in ma.chunks.items() for seq in range(lo, hi + 1) for e in by_pos.get((seg, seq), [])]
+        evs = [
+            e for seg, (lo, hi) in ma.chunks.items() for seq in range(lo, hi + 1) for e in by_pos.get((seg, seq), [])
+        ]
         reference.run_epoch(per_job, ref, evs, ma.watermark)
-    assert b.manifest.watermark == INF
+    assert b.manifest is not None and b.manifest.watermark == INF
     for w in per_job.windows:
         got = engine.read_results(store, batched, w.name).to_pylist()
-        problems = diff_views({(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name)
+        problems = diff_views(
+            {(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name
+        )
         assert not problems, "\n".join(problems)
     assert b.manifest.totals.duplicate == ref.counts["duplicate"] and b.manifest.totals.late == {
-        w.name: ref.window_counts[w.name]["late"] for w in per_job.windows}
+        w.name: ref.window_counts[w.name]["late"] for w in per_job.windows
+    }
 
 
-def test_a_failed_commit_leaves_the_next_job_uncommitted_and_the_retry_commits_the_same(store, spark, tmp_path, monkeypatch):
+def test_a_failed_commit_leaves_the_next_job_uncommitted_and_the_retry_commits_the_same(
+    store, spark, tmp_path, monkeypatch
+):
     """While a job's epochs are committed the next job computes; when a commit fails (here the
     second epoch's, as a rival's commit or a lost store would make it), `process` raises after the
     next job has ended, nothing past the failed epoch is committed, and the next call commits the
@@ -345,6 +409,7 @@ def test_a_failed_commit_leaves_the_next_job_uncommitted_and_the_retry_commits_t
         ma, mb = Checkpoints(store, "failing").load(epoch), Checkpoints(store, "calm").load(epoch)
         assert (ma.watermark, ma.chunks, ma.counts) == (mb.watermark, mb.chunks, mb.counts)
         assert {w: {p: r.sha256 for p, r in ps.items()} for w, ps in ma.outputs.items()} == {
-            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()}
+            w: {p: r.sha256 for p, r in ps.items()} for w, ps in mb.outputs.items()
+        }
         assert {w: r.sha256 for w, r in ma.state.items()} == {w: r.sha256 for w, r in mb.state.items()}
-        assert ma.ids.sha256 == mb.ids.sha256
+        assert ma.ids is not None and mb.ids is not None and ma.ids.sha256 == mb.ids.sha256

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kernel_harness import KernelRun, check_balance, dead_letter_event, diff_rows, event
 
+from kernel_harness import KernelRun, check_balance, dead_letter_event, diff_rows, event
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF
 
@@ -90,7 +90,7 @@ def _events(spec, raw: list, epoch_index: int, where: str) -> list[dict]:
     return out
 
 
-def _rows(raw: list, window, kind: str, where: str) -> list[dict]:
+def _rows(raw: list | None, window, kind: str, where: str) -> list[dict]:
     out = []
     aggs = {a.name for a in window.aggregates}
     for j, r in enumerate(raw or []):
@@ -121,7 +121,9 @@ def parse(doc: dict):
         want = {}
         for w in spec.windows:
             exp = _keys(fire.get(w.name) or {}, _FIRE, f"{where}.fire.{w.name}")
-            want[w.name] = {k: _rows(exp.get(k), w, k, f"{where}.fire.{w.name}") for k in ("on_time", "late", "retract")}
+            want[w.name] = {
+                k: _rows(exp.get(k), w, k, f"{where}.fire.{w.name}") for k in ("on_time", "late", "retract")
+            }
         dead: Counter = Counter()
         for j, d in enumerate(ep.get("dead") or []):
             _keys(d, _DEAD, f"{where}.dead[{j}]")

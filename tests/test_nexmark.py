@@ -22,8 +22,17 @@ import nexmark
 import peers
 from nexmark import Config, count_kind, generate
 
-SMALL = Config(events=5_000, keys=50, seed=3, rate=100, segments=3, chunk_rows=400, ooo_group=40, delay_fraction=0.05,
-               max_delay_ms=1_500)
+SMALL = Config(
+    events=5_000,
+    keys=50,
+    seed=3,
+    rate=100,
+    segments=3,
+    chunk_rows=400,
+    ooo_group=40,
+    delay_fraction=0.05,
+    max_delay_ms=1_500,
+)
 
 
 def test_deterministic_and_seed_dependent():
@@ -53,10 +62,10 @@ def test_mix_ids_keys_and_prices():
         assert min(bids[col]) >= 1000 and max(bids[col]) < 1000 + SMALL.keys
     # hot auction: half of the bids go to the auction of the latest multiple of 100 (mod keys)
     hot_a = [1000 + ((3 * (e // 50) + 2) // 100 * 100) % SMALL.keys for e in bids["bid_id"]]
-    share_a = np.mean([a == h for a, h in zip(bids["auction"], hot_a)])
+    share_a = np.mean([a == h for a, h in zip(bids["auction"], hot_a, strict=True)])
     assert 0.45 < share_a < 0.60  # 1/2 hot, plus uniform draws that hit it
     hot_b = [1000 + ((e // 50) // 100 * 100 + 1) % SMALL.keys for e in bids["bid_id"]]
-    share_b = np.mean([b == h for b, h in zip(bids["bidder"], hot_b)])
+    share_b = np.mean([b == h for b, h in zip(bids["bidder"], hot_b, strict=True)])
     assert 0.72 < share_b < 0.82  # 3/4 hot
     # price = round(10^(6U) * 100): whole cents in [100, 10^8], log-uniform (median ~ 10^5)
     prices = np.array(bids["price"])
@@ -107,7 +116,8 @@ def test_dataset_files(tmp_path):
 
 
 def _expected(q: peers.Query, bids: dict) -> list[tuple]:
-    rows = list(zip(bids["date_time"], bids["price"], bids[q.key] if q.key else [None] * len(bids["date_time"])))
+    keys = bids[q.key] if q.key else [None] * len(bids["date_time"])
+    rows = list(zip(bids["date_time"], bids["price"], keys, strict=True))
     acc: dict = defaultdict(list)
     if q.kind == "session":
         by_key = defaultdict(list)
@@ -139,8 +149,17 @@ def _expected(q: peers.Query, bids: dict) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    cfg = Config(events=2_000, keys=20, seed=11, rate=50, segments=2, chunk_rows=500, ooo_group=25, delay_fraction=0.05,
-                 max_delay_ms=1_000)
+    cfg = Config(
+        events=2_000,
+        keys=20,
+        seed=11,
+        rate=50,
+        segments=2,
+        chunk_rows=500,
+        ooo_group=25,
+        delay_fraction=0.05,
+        max_delay_ms=1_000,
+    )
     d = tmp_path_factory.mktemp("nexmark")
     man = nexmark.write_dataset(cfg, d)
     nexmark.write_sentinel(d, man["bid_time_max"] + 86_400_000, len(man["bid_files"]))
@@ -148,8 +167,10 @@ def tiny_data(tmp_path_factory):
 
 
 def _rows(t) -> list[tuple]:
-    return sorted(((r["key"], r["window_start"], r["window_end"], r["value"]) for r in t.to_pylist()),
-                  key=lambda r: (r[0] or "", r[1], r[2]))
+    return sorted(
+        ((r["key"], r["window_start"], r["window_end"], r["value"]) for r in t.to_pylist()),
+        key=lambda r: (r[0] or "", r[1], r[2]),
+    )
 
 
 @pytest.mark.parametrize("qname", ["q5", "q7", "q11"])
@@ -167,8 +188,9 @@ def test_spark_structured_streaming_matches_reference(tiny_data, spark, tmp_path
     cfg, d, man, bids = tiny_data
     delay = -(-cfg.disorder_bound_ms() // 1000) * 1000
     running = {
-        qname: peers.spark_stream(spark, peers.QUERIES[qname], d / "bids", tmp_path / qname, tmp_path / f"ck-{qname}", delay, 2,
-                                  dedup=True)
+        qname: peers.spark_stream(
+            spark, peers.QUERIES[qname], d / "bids", tmp_path / qname, tmp_path / f"ck-{qname}", delay, 2, dedup=True
+        )
         for qname in ("q5", "q7", "q11")
     }
     for qname, sq in running.items():
@@ -189,8 +211,17 @@ def test_spark_loses_bids_when_the_delay_is_too_short(spark, tmp_path):
     """Why the comparison checks Spark's counts: with a watermark delay below the data's disorder,
     Spark drops late rows (its progress's numRowsDroppedByWatermark stays 0 here, so the metric
     cannot be the check; the sum of the counts can)."""
-    cfg = Config(events=2_000, keys=20, seed=5, rate=50, segments=2, chunk_rows=200, ooo_group=25, delay_fraction=0.3,
-                 max_delay_ms=8_000)
+    cfg = Config(
+        events=2_000,
+        keys=20,
+        seed=5,
+        rate=50,
+        segments=2,
+        chunk_rows=200,
+        ooo_group=25,
+        delay_fraction=0.3,
+        max_delay_ms=8_000,
+    )
     man = nexmark.write_dataset(cfg, tmp_path / "d")
     q = peers.QUERIES["q5"]
     peers.run_spark(spark, q, tmp_path / "d" / "bids", tmp_path / "o", tmp_path / "ck", 0, 2, dedup=False)
@@ -202,8 +233,12 @@ def test_spark_loses_bids_when_the_delay_is_too_short(spark, tmp_path):
 def test_diff_reports_differences():
     import pyarrow as pa
 
-    a = pa.table({"key": ["1", "2"], "window_start": [0, 0], "window_end": [10, 10], "value": [3, 4]}, schema=peers.NORMAL)
-    b = pa.table({"key": ["1", "3"], "window_start": [0, 0], "window_end": [10, 10], "value": [5, 4]}, schema=peers.NORMAL)
+    a = pa.table(
+        {"key": ["1", "2"], "window_start": [0, 0], "window_end": [10, 10], "value": [3, 4]}, schema=peers.NORMAL
+    )
+    b = pa.table(
+        {"key": ["1", "3"], "window_start": [0, 0], "window_end": [10, 10], "value": [5, 4]}, schema=peers.NORMAL
+    )
     assert peers.diff(a, a) == []
     d = peers.diff(a, b)
     assert any("only in first" in x and "'2'" in x for x in d)
@@ -219,7 +254,6 @@ def test_wire_engine_matches_reference(tiny_data, store, spark):
     chunks, so sessions cross an epoch; q5 and q7: one, to keep the test short); the committed
     results equal the reference, and no bid is late or duplicate."""
     import compare
-
     from wire_dagster.engine import process, read_results
     from wire_dagster.spec import pipeline_from_dict
     from wire_dagster.streams import close_stream, produce
@@ -227,8 +261,14 @@ def test_wire_engine_matches_reference(tiny_data, store, spark):
     cfg, d, _man, bids = tiny_data
     bound = cfg.disorder_bound_ms()
     for qname, rounds in (("q5", 2), ("q7", 2), ("q11", 1)):
-        st = compare.Settings(ooo_ms=-(-bound // 1000) * 1000, lateness_ms=2_000, partition="1m",
-                              epoch_chunks=rounds * cfg.segments, dedup=True, master="local[2]")
+        st = compare.Settings(
+            ooo_ms=-(-bound // 1000) * 1000,
+            lateness_ms=2_000,
+            partition="1m",
+            epoch_chunks=rounds * cfg.segments,
+            dedup=True,
+            master="local[2]",
+        )
         q = peers.QUERIES[qname]
         spec = pipeline_from_dict(compare.pipeline_dict(q, cfg, st))
         for s in range(cfg.segments):
@@ -236,6 +276,7 @@ def test_wire_engine_matches_reference(tiny_data, store, spark):
         close_stream(store, spec)
         out = process(store, spec, spark, max_epochs=10)
         assert len(out.committed) == 2 // rounds and out.pending == 0
+        assert out.manifest is not None
         tot = out.manifest.totals
         n = len(bids["bid_id"])
         assert (tot.events_in, tot.counted[q.window_name], tot.late[q.window_name], tot.duplicate) == (n, n, 0, 0)

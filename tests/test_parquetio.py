@@ -8,20 +8,24 @@ from wire_dagster.parquetio import parquet_bytes
 
 
 def _table(n: int) -> pa.Table:
-    return pa.table({
-        "_t": pa.array([1_767_225_600_000 + 37 * i for i in range(n)], pa.int64()),
-        "_row": pa.array(list(range(n)), pa.int64()),
-        "small": pa.array([i % 7 - 3 if i % 11 else None for i in range(n)], pa.int32()),
-        "u": pa.array([2**63 + i for i in range(n)], pa.uint64()),
-        "_key": pa.array([f"k{i % 5}" if i % 13 else None for i in range(n)], pa.string()),
-        "_id": pa.array([f"e-{i}" for i in range(n)], pa.string()),
-        "raw": pa.array([bytes([i % 256]) * (i % 4) for i in range(n)], pa.large_binary()),
-        "f": pa.array([i / 3 if i % 5 else None for i in range(n)], pa.float64()),
-        "b": pa.array([i % 2 == 0 for i in range(n)], pa.bool_()),
-        "cat": pa.array([f"c{i % 3}" for i in range(n)], pa.string()).dictionary_encode(),
-        "lst": pa.array([[i, i + 1] if i % 3 else [] for i in range(n)], pa.list_(pa.int64())),
-        "st": pa.array([{"a": i, "s": str(i)} for i in range(n)], pa.struct([("a", pa.int64()), ("s", pa.string())])),
-    })
+    return pa.table(
+        {
+            "_t": pa.array([1_767_225_600_000 + 37 * i for i in range(n)], pa.int64()),
+            "_row": pa.array(list(range(n)), pa.int64()),
+            "small": pa.array([i % 7 - 3 if i % 11 else None for i in range(n)], pa.int32()),
+            "u": pa.array([2**63 + i for i in range(n)], pa.uint64()),
+            "_key": pa.array([f"k{i % 5}" if i % 13 else None for i in range(n)], pa.string()),
+            "_id": pa.array([f"e-{i}" for i in range(n)], pa.string()),
+            "raw": pa.array([bytes([i % 256]) * (i % 4) for i in range(n)], pa.large_binary()),
+            "f": pa.array([i / 3 if i % 5 else None for i in range(n)], pa.float64()),
+            "b": pa.array([i % 2 == 0 for i in range(n)], pa.bool_()),
+            "cat": pa.array([f"c{i % 3}" for i in range(n)], pa.string()).dictionary_encode(),
+            "lst": pa.array([[i, i + 1] if i % 3 else [] for i in range(n)], pa.list_(pa.int64())),
+            "st": pa.array(
+                [{"a": i, "s": str(i)} for i in range(n)], pa.struct([("a", pa.int64()), ("s", pa.string())])
+            ),
+        }
+    )
 
 
 @pytest.mark.parametrize("n", [0, 1, 5_000])

@@ -132,18 +132,23 @@ def evaluate(sensor, env: dict[str, str], cursor: str | None, endpoint: str | No
 
 
 def cursor_epoch(result: dg.SensorResult) -> int:
+    assert result.cursor is not None, "the sensor always returns a cursor"
     return json.loads(result.cursor)["epoch"]
 
 
-def keys(result: dg.SensorResult) -> list[str]:
-    return [r.run_key for r in result.run_requests or []]
+def requests(result: dg.SensorResult) -> list[dg.RunRequest]:
+    return list(result.run_requests or [])
+
+
+def keys(result: dg.SensorResult) -> list[str | None]:
+    return [r.run_key for r in requests(result)]
 
 
 def covered(result: dg.SensorResult) -> list[tuple[int, str]]:
     """(epoch, Dagster partition key) of every partition the requested runs report: a run's
     own partition, or each one of its range (Dagster's single-run backfill tags)."""
     out = []
-    for r in result.run_requests or []:
+    for r in requests(result):
         n = int(r.tags["wire/epoch"])
         if r.partition_key is not None:
             assert "dagster/asset_partition_range_start" not in r.tags
@@ -151,7 +156,7 @@ def covered(result: dg.SensorResult) -> list[tuple[int, str]]:
         else:
             lo, hi = r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]
             ps = [dagster_partition(T0 + k * M) for k in range(60)]
-            out += [(n, p) for p in ps[ps.index(lo): ps.index(hi) + 1]]
+            out += [(n, p) for p in ps[ps.index(lo) : ps.index(hi) + 1]]
     return out
 
 
@@ -196,8 +201,8 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     # one run for the epoch, over the range of its ready partitions
     assert keys(r1) == [run_key(1, expected[0], expected[-1])]
     assert covered(r1) == [(1, dagster_partition(p)) for p in expected]
-    assert {r.tags["wire/epoch"] for r in r1.run_requests} == {"1"}
-    assert {r.tags["wire/pipeline"] for r in r1.run_requests} == {"sens"}
+    assert {r.tags["wire/epoch"] for r in requests(r1)} == {"1"}
+    assert {r.tags["wire/pipeline"] for r in requests(r1)} == {"sens"}
     # (c) no run has committed: the cursor stays at epoch 0, and a second evaluation asks for the same runs.
     assert cursor_epoch(r1) == 0
     r1b = evaluate(sensor, s3_env, r1.cursor)
@@ -205,7 +210,7 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
 
     out = process(store, spec, spark, max_epochs=5)
     assert out.committed == [1], out.committed
-    assert out.manifest.watermark == w1
+    assert out.manifest is not None and out.manifest.watermark == w1
     # (c) after the commit: the cursor moves to epoch 1; the run requested before reports what epoch 1
     # changed, so nothing is asked for again.
     r2 = evaluate(sensor, s3_env, r1.cursor)
@@ -215,7 +220,7 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     # epoch's ready partitions are requested, under the run key the plan had (Dagster deduplicates it).
     r2b = evaluate(sensor, s3_env, json.dumps({"epoch": 0}))
     assert keys(r2b) == keys(r1)
-    assert {r.tags["wire/reason"] for r in r2b.run_requests} == {"committed"}
+    assert {r.tags["wire/reason"] for r in requests(r2b)} == {"committed"}
     r3 = evaluate(sensor, s3_env, r2.cursor)
     assert keys(r3) == [] and r3.cursor == r2.cursor
 
@@ -228,7 +233,7 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     changed_by, counted, late = {}, dict.fromkeys(names, 0), dict.fromkeys(names, 0)
     for e in (late_a, late_b):
         wins = windows_of(e["ts"])
-        counting = [(n, end) for n, (_, end) in zip(names, wins) if end + L > w1]
+        counting = [(n, end) for n, (_, end) in zip(names, wins, strict=True) if end + L > w1]
         changed_by[e["eid"]] = sorted({partition_of(end) for _, end in counting if ready(w1, partition_of(end))})
         for n in set(names):
             counted[n] += any(m == n for m, _ in counting)
@@ -239,9 +244,9 @@ def test_ready_partitions_commit_and_late_data(spec, sensor, store, s3_env, spar
     produce_events(store, spec, tmp_path, "late_b", [late_b])
     r4 = evaluate(sensor, s3_env, r3.cursor)
     assert keys(r4) == [run_key(2, p) for p in changed_by["la"]]
-    assert {r.tags["wire/reason"] for r in r4.run_requests} == {"late"}
+    assert {r.tags["wire/reason"] for r in requests(r4)} == {"late"}
     assert cursor_epoch(r4) == 1
-    assert not any(dagster_partition(T0 + k * M) in [r.partition_key for r in r4.run_requests] for k in (0, 1, 2))
+    assert not any(dagster_partition(T0 + k * M) in [r.partition_key for r in requests(r4)] for k in (0, 1, 2))
 
     out = process(store, spec, spark, max_epochs=5)
     assert out.committed == [2]
@@ -283,12 +288,17 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
     hourly, sens = spec_and_sensor(tmp_path, "hourly", partition="10m", limits={"max_chunks_per_epoch": 1})
     # 7 chunks of 2 minutes each: event time 00:00 .. 00:14, one event every 10 s
     for k in range(7):
-        produce_events(store, hourly, tmp_path, f"c{k}", [
-            {"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * 2 * M + i * 10 * S, "amount": 1} for i in range(12)])
+        produce_events(
+            store,
+            hourly,
+            tmp_path,
+            f"c{k}",
+            [{"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * 2 * M + i * 10 * S, "amount": 1} for i in range(12)],
+        )
     cursor, seen = None, []
     for n in range(1, 8):
         r = evaluate(sens, s3_env, cursor)
-        reqs = r.run_requests or []
+        reqs = requests(r)
         assert reqs, f"epoch {n}: chunks are pending and the sensor requested nothing"
         # one run for the backlog: epochs n..7
         assert [q.tags["wire/epoch"] for q in reqs] == [f"{n}-7" if n < 7 else "7"], (n, keys(r))
@@ -300,7 +310,9 @@ def test_partitions_longer_than_an_epoch_still_progress(tmp_path, store, s3_env,
     # W passed 00:10 in some epoch: from then on the hour was requested as ready
     assert any(p == "2026-01-01-00:00" and "ready" in why.split(",") for _, p, why in seen), seen
     r = evaluate(sens, s3_env, cursor)
-    assert parse_cursor(r.cursor) == 7 and not [q for q in r.run_requests or [] if "progress" in q.tags["wire/reason"].split(",")]
+    assert parse_cursor(r.cursor) == 7 and not [
+        q for q in requests(r) if "progress" in q.tags["wire/reason"].split(",")
+    ]
 
 
 def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark):
@@ -319,17 +331,24 @@ def test_a_backlog_is_requested_in_one_evaluation(tmp_path, store, s3_env, spark
 
     spec, sens = spec_and_sensor(tmp_path, "backlog", limits={"max_chunks_per_epoch": 1})
     for k in range(4):
-        produce_events(store, spec, tmp_path, f"c{k}", [
-            {"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * M + i * 10 * S, "amount": 1} for i in range(6)])
+        produce_events(
+            store,
+            spec,
+            tmp_path,
+            f"c{k}",
+            [{"eid": f"e{k}-{i}", "user": "u", "ts": T0 + k * M + i * 10 * S, "amount": 1} for i in range(6)],
+        )
     want, w_prev = [], None
     for n in range(1, 5):
         w = T0 + (n - 1) * M + 50 * S - B
-        now_ready = [p for p in (T0 + j * M for j in range(5)) if ready(w, p) and (w_prev is None or not ready(w_prev, p))]
+        now_ready = [
+            p for p in (T0 + j * M for j in range(5)) if ready(w, p) and (w_prev is None or not ready(w_prev, p))
+        ]
         want += [(n, dagster_partition(p), "ready") for p in now_ready] or [(n, dagster_partition(T0), "progress")]
         w_prev = w
     r1 = evaluate(sens, s3_env, None)
     ps = sorted({p for _, p, _ in want})
-    [rr] = r1.run_requests
+    [rr] = requests(r1)
     assert rr.tags["wire/epoch"] == "1-4" and set(rr.tags["wire/reason"].split(",")) == {why for _, _, why in want}
     assert (rr.tags[RANGE_START], rr.tags[RANGE_END]) == (ps[0], ps[-1])
     assert rr.run_key == f"backlog:e1-4:{key_of(T0)}..{key_of(T0 + 2 * M)}"
@@ -343,7 +362,12 @@ def test_one_run_per_epoch_over_its_partition_range():
     (partitions in between are ready too: W is monotonic), with every reason it had."""
     from wire_dagster.planner import Request, spans
 
-    reqs = [Request(1, T0, "ready"), Request(1, T0 + 2 * M, "late"), Request(2, T0 + 3 * M, "ready"), Request(1, T0 + M, "ready")]
+    reqs = [
+        Request(1, T0, "ready"),
+        Request(1, T0 + 2 * M, "late"),
+        Request(2, T0 + 3 * M, "ready"),
+        Request(1, T0 + M, "ready"),
+    ]
     got = [(s.epoch, s.first, s.last, s.reasons, s.run_key("sens")) for s in spans(reqs)]
     assert got == [
         (1, T0, T0 + 2 * M, ("late", "ready"), run_key(1, T0, T0 + 2 * M)),
@@ -353,5 +377,7 @@ def test_one_run_per_epoch_over_its_partition_range():
     # Epochs from `pending_from` on are the backlog the next run commits: one run for all of them.
     backlog = reqs + [Request(3, T0 + 4 * M, "ready")]
     got = [(s.epochs, s.first, s.last, s.run_key("sens")) for s in spans(backlog, pending_from=2)]
-    assert got == [("1", T0, T0 + 2 * M, run_key(1, T0, T0 + 2 * M)),
-                   ("2-3", T0 + 3 * M, T0 + 4 * M, "sens:e2-3:2026-01-01T00:03:00.000Z..2026-01-01T00:04:00.000Z")]
+    assert got == [
+        ("1", T0, T0 + 2 * M, run_key(1, T0, T0 + 2 * M)),
+        ("2-3", T0 + 3 * M, T0 + 4 * M, "sens:e2-3:2026-01-01T00:03:00.000Z..2026-01-01T00:04:00.000Z"),
+    ]

@@ -53,12 +53,30 @@ PIPELINE = {
     "start": "2026-01-01T00:00:00Z",
     "limits": {"chunk_rows": 400, "max_chunks_per_epoch": 4},
     "windows": [
-        {"name": "per_minute", "type": "tumbling", "size": "1m",
-         "aggregates": {"events": "count", "total": "sum(amount)", "top": "max(amount)", "pages": "count_distinct(page)"}},
-        {"name": "five_by_one", "type": "sliding", "size": "5m", "slide": "1m",
-         "aggregates": {"events": "count", "mean": "avg(amount)", "low": "min(amount)"}},
-        {"name": "sessions", "type": "session", "gap": "30s",
-         "aggregates": {"events": "count", "total": "sum(amount)"}},
+        {
+            "name": "per_minute",
+            "type": "tumbling",
+            "size": "1m",
+            "aggregates": {
+                "events": "count",
+                "total": "sum(amount)",
+                "top": "max(amount)",
+                "pages": "count_distinct(page)",
+            },
+        },
+        {
+            "name": "five_by_one",
+            "type": "sliding",
+            "size": "5m",
+            "slide": "1m",
+            "aggregates": {"events": "count", "mean": "avg(amount)", "low": "min(amount)"},
+        },
+        {
+            "name": "sessions",
+            "type": "session",
+            "gap": "30s",
+            "aggregates": {"events": "count", "total": "sum(amount)"},
+        },
     ],
 }
 WINDOWS = [w["name"] for w in PIPELINE["windows"]]
@@ -92,7 +110,9 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None) -> None:
+def wait_until(
+    cond: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None
+) -> None:
     """Poll `cond` until true; fail after `timeout`, or at once if `alive()` reports a dead process."""
     deadline = time.monotonic() + timeout
     while True:
@@ -118,7 +138,14 @@ class Daemon:
 
     def start(self) -> Daemon:
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def dead(self) -> str | None:
@@ -160,7 +187,14 @@ class Daemon:
 
 def base_env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "WIRE_SPARK_REMOTE", "WIRE_SPARK_MASTER", "PYSPARK_SUBMIT_ARGS"):
+    for k in (
+        "SPARK_REMOTE",
+        "SPARK_CONNECT_MODE_ENABLED",
+        "SPARK_LOCAL_REMOTE",
+        "WIRE_SPARK_REMOTE",
+        "WIRE_SPARK_MASTER",
+        "PYSPARK_SUBMIT_ARGS",
+    ):
         env.pop(k, None)
     env.update(
         SPARK_HOME=spark_home(),
@@ -218,7 +252,10 @@ class Jvms:
             return self
         c = self.cluster
         wait_until(lambda: c.state().get("status") == "ALIVE", START_TIMEOUT, "standalone master", self._dead)
-        alive = lambda: sum(w.get("state") == "ALIVE" for w in c.state().get("workers", [])) == 2
+
+        def alive() -> bool:
+            return sum(w.get("state") == "ALIVE" for w in c.state().get("workers", [])) == 2
+
         wait_until(alive, START_TIMEOUT, "two standalone workers registered", self._dead)
         port = int(self.connect_url.rsplit(":", 1)[1])
 
@@ -236,14 +273,38 @@ class Jvms:
 
 def own_connect_server(tmp: Path, env: dict[str, str], grpc: int) -> Daemon:
     """What `start-connect-server.sh --wait` runs (spark-daemon.sh `submit`), without the pid file and nohup."""
-    return Daemon("connect-server", [
-        f"{spark_home()}/bin/spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-        "--name", "Spark Connect server", "--master", "local[2]", "--driver-memory", "1g",
-        "--conf", f"spark.connect.grpc.binding.port={grpc}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", f"spark.local.dir={tmp / 'connect-local'}",
-    ], env, tmp / "connect.log")
+    return Daemon(
+        "connect-server",
+        [
+            f"{spark_home()}/bin/spark-submit",
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name",
+            "Spark Connect server",
+            "--master",
+            "local[2]",
+            "--driver-memory",
+            "1g",
+            "--conf",
+            f"spark.connect.grpc.binding.port={grpc}",
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.driver.bindAddress=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=2",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            "--conf",
+            f"spark.local.dir={tmp / 'connect-local'}",
+        ],
+        env,
+        tmp / "connect.log",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -255,12 +316,45 @@ def jvms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     env = base_env(tmp)
     port, ui = free_port(), free_port()
     j = Jvms(tmp, env, Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)]), "")
-    master = Daemon("master", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.master.Master",
-                               "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], env, tmp / "master.log")
+    master = Daemon(
+        "master",
+        [
+            f"{spark_home()}/bin/spark-class",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        ],
+        env,
+        tmp / "master.log",
+    )
     # Workers started with the master retry until it is up (Worker's registration retries).
-    workers = [Daemon(f"worker{i}", [f"{spark_home()}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", j.cluster.master_url,
-                                     "--cores", "1", "--memory", "1g", "--host", "127.0.0.1", "--webui-port", str(free_port()),
-                                     "--work-dir", str(wd)], env, tmp / f"worker{i}.log") for i, wd in enumerate(j.cluster.work_dirs)]
+    workers = [
+        Daemon(
+            f"worker{i}",
+            [
+                f"{spark_home()}/bin/spark-class",
+                "org.apache.spark.deploy.worker.Worker",
+                j.cluster.master_url,
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(free_port()),
+                "--work-dir",
+                str(wd),
+            ],
+            env,
+            tmp / f"worker{i}.log",
+        )
+        for i, wd in enumerate(j.cluster.work_dirs)
+    ]
     try:
         for d in (master, *workers):
             j.daemons.append(d.start())
@@ -289,8 +383,16 @@ def make_events(seed: int = 11, keys: int = 24) -> list[dict]:
         t = t0 + rng.randrange(0, 120_000)
         while t < t0 + 40 * 60_000:
             for _ in range(rng.randrange(3, 15)):
-                out.append({"user": f"u{k:02d}", "ts": t, "amount": rng.choice([None, round(rng.uniform(0, 100), 2)] + [round(rng.uniform(0, 100), 2)] * 8),
-                            "page": f"p{rng.randrange(6)}"})
+                out.append(
+                    {
+                        "user": f"u{k:02d}",
+                        "ts": t,
+                        "amount": rng.choice(
+                            [None, round(rng.uniform(0, 100), 2)] + [round(rng.uniform(0, 100), 2)] * 8
+                        ),
+                        "page": f"p{rng.randrange(6)}",
+                    }
+                )
                 t += rng.randrange(500, 12_000)
             t += rng.randrange(40_000, 240_000)
     out.sort(key=lambda e: e["ts"])
@@ -318,7 +420,9 @@ def run_outputs(store, spec) -> dict:
     m = Checkpoints(store, spec.name).latest()
     return {
         "results": {w: read_results(store, spec, w).to_pylist() for w in WINDOWS},
-        "dead": sorted((d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in read_dead_letters(store, spec)),
+        "dead": sorted(
+            (d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in read_dead_letters(store, spec)
+        ),
         "totals": m.totals.model_dump(mode="json") if m else None,
         "epochs": m.epoch if m else 0,
         "watermark": m.watermark if m else None,
@@ -383,8 +487,15 @@ class Driver:
         arg = json.dumps({"pipeline": dict(PIPELINE, name=name), "now": ds.now})
         log = tmp / f"{name}.log"
         with open(log, "wb") as f:
-            p = subprocess.Popen([sys.executable, __file__, arg], env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=str(Path(__file__).parent))
+            p = subprocess.Popen(
+                [sys.executable, __file__, arg],
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=str(Path(__file__).parent),
+            )
         return cls(name, log, p)
 
     def finish(self, deadline: float) -> dict:
@@ -395,7 +506,8 @@ class Driver:
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
-            raise AssertionError(f"driver {self.name} did not finish in {DRIVER_TIMEOUT}s:\n{self.log.read_text(errors='replace')[-3000:]}") from None
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"driver {self.name} did not finish in {DRIVER_TIMEOUT}s:\n{tail}") from None
         finally:
             # The driver's own JVM (and its Python workers) exit with it: give them a bounded while.
             until = time.monotonic() + 30
@@ -406,7 +518,7 @@ class Driver:
         text = self.log.read_text(errors="replace")
         assert p.returncode == 0, f"driver {self.name} exited {p.returncode}:\n{text[-4000:]}"
         assert not left, f"driver {self.name} left processes behind: {left}"
-        reports = [ln[len("WIRE_REPORT "):] for ln in text.splitlines() if ln.startswith("WIRE_REPORT ")]
+        reports = [ln[len("WIRE_REPORT ") :] for ln in text.splitlines() if ln.startswith("WIRE_REPORT ")]
         assert reports, text[-3000:]
         return json.loads(reports[-1])
 
@@ -418,9 +530,13 @@ def remote_runs(dataset: Dataset, jvms: Jvms, tmp_path_factory: pytest.TempPathF
     jvms.ready()
     drivers = [
         # An empty WIRE_SPARK_REMOTE means unset (compose passes `WIRE_SPARK_REMOTE=`).
-        Driver.start(dataset, "kc_standalone", {"WIRE_SPARK_MASTER": jvms.cluster.master_url, "WIRE_SPARK_REMOTE": ""}, tmp),
+        Driver.start(
+            dataset, "kc_standalone", {"WIRE_SPARK_MASTER": jvms.cluster.master_url, "WIRE_SPARK_REMOTE": ""}, tmp
+        ),
         # WIRE_SPARK_REMOTE wins over WIRE_SPARK_MASTER.
-        Driver.start(dataset, "kc_connect", {"WIRE_SPARK_REMOTE": jvms.connect_url, "WIRE_SPARK_MASTER": "local[1]"}, tmp),
+        Driver.start(
+            dataset, "kc_connect", {"WIRE_SPARK_REMOTE": jvms.connect_url, "WIRE_SPARK_MASTER": "local[1]"}, tmp
+        ),
     ]
     deadline = time.monotonic() + DRIVER_TIMEOUT
     out, errors = {}, []
@@ -440,10 +556,12 @@ def remote_runs(dataset: Dataset, jvms: Jvms, tmp_path_factory: pytest.TempPathF
 
 def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
     from reference import batch
-
     from wire_dagster.spec import field_column
 
-    evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"], field_column("page"): e["page"]} for e in events]
+    evs = [
+        {"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"], field_column("page"): e["page"]}
+        for e in events
+    ]
     out = {}
     for w in spec.windows:
         rows = batch(spec, w, evs)
@@ -453,7 +571,7 @@ def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
 
 def assert_rows_equal(got: list[dict], want: list[dict], what: str) -> None:
     assert len(got) == len(want), f"{what}: {len(got)} rows, want {len(want)}"
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert set(g) == set(w), f"{what}: columns {sorted(g)} vs {sorted(w)}"
         for c in w:
             if isinstance(w[c], float) and g[c] is not None:
@@ -500,7 +618,8 @@ def test_spark_connect_matches_local(dataset: Dataset, remote_runs: dict) -> Non
 
 
 def test_spark_target_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """WIRE_SPARK_REMOTE wins when set and non-empty; WIRE_SPARK_MASTER defaults to local[*]; bad values are input errors."""
+    """WIRE_SPARK_REMOTE wins when set and non-empty; WIRE_SPARK_MASTER defaults to local[*]; bad
+    values are input errors."""
     from wire_dagster.errors import WireInputError
     from wire_dagster.sparkconf import driver_host
     from wire_dagster.sparksession import spark_target
@@ -547,15 +666,29 @@ def _drive(cfg: dict) -> None:
     t0 = time.monotonic()
     spark = get_spark(app="wire-test-clusters")
     t1 = time.monotonic()
-    store = ObjectStore(S3Config.from_env())
+    s3 = S3Config.from_env()
+    if s3 is None:
+        raise SystemExit("WIRE_S3_ENDPOINT is not set: the test hands the driver its store")
+    store = ObjectStore(s3)
     spec = pipeline_from_dict(cfg["pipeline"])
     out = process(store, spec, spark, max_epochs=50, now=cfg["now"])
-    rep: dict = {"committed": out.committed, "session_s": round(t1 - t0, 1), "process_s": round(time.monotonic() - t1, 1)}
+    rep: dict = {
+        "committed": out.committed,
+        "session_s": round(t1 - t0, 1),
+        "process_s": round(time.monotonic() - t1, 1),
+    }
     if type(spark).__module__.startswith("pyspark.sql.connect"):
         rep["kind"] = "connect"
     else:
         sc = spark.sparkContext
-        rep.update(kind="classic", master=sc.master, app_id=sc.applicationId, executors=sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+        jsc = sc._jsc
+        assert jsc is not None  # a running classic context has its Java peer
+        rep.update(
+            kind="classic",
+            master=sc.master,
+            app_id=sc.applicationId,
+            executors=jsc.sc().getExecutorMemoryStatus().size() - 1,  # pyright: ignore[reportOptionalCall]  py4j: untyped Java calls
+        )
     rep["java_children"] = [p.pid for p in psutil.Process().children(recursive=True) if "java" in p.name()]
     spark.stop()
     print("WIRE_REPORT " + json.dumps(rep), flush=True)

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import psutil
-from dagster_stack import group_gone, wait_until
 
+from dagster_stack import group_gone, wait_until
 from wire_dagster.sparkserver import EmbeddedSpark, shared_session_id
 
 #: Cheaper JIT and GC for a short-lived server, as conftest's spark_remote uses.
@@ -34,8 +34,11 @@ def wire_exe() -> str:
 
 def base_env(home: Path) -> dict[str, str]:
     """This environment without any Wire, Spark or AWS setting, plus WIRE_HOME and a small driver."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WIRE_", "SPARK_", "AWS_")) and k not in ("PYSPARK_SUBMIT_ARGS", "DAGSTER_HOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("WIRE_", "SPARK_", "AWS_")) and k not in ("PYSPARK_SUBMIT_ARGS", "DAGSTER_HOME")
+    }
     env.update(WIRE_HOME=str(home), WIRE_SPARK_DRIVER_MEMORY="768m", PYSPARK_PYTHON=sys.executable)
     return env
 
@@ -46,7 +49,9 @@ def wire(args: list[str], env: dict[str, str], timeout: float = 300) -> subproce
 
 def python(code: str, env: dict[str, str], timeout: float = 180) -> str:
     """Run `code` in a fresh interpreter (a Connect session would mark this whole process remote); its stdout."""
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
 
@@ -153,7 +158,11 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         assert "-Xmx768m" in jvm.cmdline()  # WIRE_SPARK_DRIVER_MEMORY
         assert os.getpgid(info["pid"]) == info["pgid"] != os.getpgid(0)
         # Java's dual-stack sockets show IPv4 loopback as ::ffff:127.0.0.1.
-        listening = {c.laddr.ip.removeprefix("::ffff:") for c in jvm.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        listening = {
+            c.laddr.ip.removeprefix("::ffff:")
+            for c in jvm.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
         assert listening == {"127.0.0.1"}, listening
         assert server.running() == url
 
@@ -175,8 +184,12 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
 
         # Session resolution with only WIRE_HOME set: the embedded server; explicit settings win.
         targets = json.loads(python(TARGETS, env))
-        assert targets == {"none": ["remote", url], "argument": ["master", "local[2]"], "master": ["master", "local[1]"],
-                           "remote": ["remote", "sc://127.0.0.1:1"]}, targets
+        assert targets == {
+            "none": ["remote", url],
+            "argument": ["master", "local[2]"],
+            "master": ["master", "local[1]"],
+            "remote": ["remote", "sc://127.0.0.1:1"],
+        }, targets
         got = json.loads(python(GET_SPARK, env))
         assert got["module"].startswith("pyspark.sql.connect") and got["n"] == 5, got
 

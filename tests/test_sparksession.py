@@ -31,7 +31,9 @@ def test_a_local_sessions_jvm_temporary_files_go_at_its_exit_or_at_the_next_sess
     (tmp_path / f"jvm-{gone.pid}-killed" / "artifacts-x").mkdir(parents=True)
     live = tmp_path / f"jvm-{os.getpid()}-running"
     live.mkdir()
-    done = subprocess.run([sys.executable, "-c", _CHILD], check=False, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], check=False, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     tmp = Path(seen["tmp"])

@@ -35,8 +35,17 @@ def pipeline(**wm):
 
 def chunk(seg: str, seq: int, max_t: int | None, ingest: int = NOW0, min_t: int | None = None) -> ChunkMeta:
     return ChunkMeta(
-        stream="s", segment=seg, seq=seq, data_key=f"d/{seg}/{seq}", dlq_key=None, rows=1, malformed=0,
-        min_t=min_t if min_t is not None else max_t, max_t=max_t, ingest_ms=ingest, bytes=1,
+        stream="s",
+        segment=seg,
+        seq=seq,
+        data_key=f"d/{seg}/{seq}",
+        dlq_key=None,
+        rows=1,
+        malformed=0,
+        min_t=min_t if min_t is not None else max_t,
+        max_t=max_t,
+        ingest_ms=ingest,
+        bytes=1,
     )
 
 
@@ -218,7 +227,9 @@ def test_recorded_decisions_are_replayed():
     fresh = advance(s.spec, prev_clocks, prev_w, b_only, {"a": taken["a"]}, other_now)
     assert fresh.decisions["b"] == "idle"
     # ... but given the recorded decisions it takes the same ones and computes the same W.
-    replay = advance(s.spec, prev_clocks, prev_w, b_only, {"a": taken["a"]}, other_now, decisions={"a": "active", "b": "idle"})
+    replay = advance(
+        s.spec, prev_clocks, prev_w, b_only, {"a": taken["a"]}, other_now, decisions={"a": "active", "b": "idle"}
+    )
     assert replay.decisions == {"a": "active", "b": "idle"} and replay.watermark == 800
     again = advance(s.spec, prev_clocks, prev_w, views, taken, other_now, decisions=dict(live.decisions))
     assert again == live
@@ -242,7 +253,7 @@ def test_select_chunks_keeps_segments_aligned_in_event_time():
     chunks = {s: [chunk(s, i, i * 100 + 99, min_t=i * 100) for i in range(40)] for s in ("a", "b")}
     read = {"a": 0, "b": 0}
     for _ in range(12):
-        views = {s: SegmentView(s, cs[read[s]:], None) for s, cs in chunks.items()}
+        views = {s: SegmentView(s, cs[read[s] :], None) for s, cs in chunks.items()}
         taken = select_chunks(views, read, 5)
         assert sum(len(v) for v in taken.values()) == 5
         for s, cs in taken.items():

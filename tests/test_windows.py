@@ -19,13 +19,21 @@ from wire_dagster.windows import assign, merge, partition_of
 def window(wtype: str, **kw):
     w = {"name": "w", "type": wtype, "aggregates": {"n": "count"}, **kw}
     return pipeline_from_dict(
-        {"name": "p", "event": {"time": "t"}, "partition": kw.get("size", 1) * 1000, "start": "1970-01-01T00:00:00Z", "windows": [w]}
+        {
+            "name": "p",
+            "event": {"time": "t"},
+            "partition": kw.get("size", 1) * 1000,
+            "start": "1970-01-01T00:00:00Z",
+            "windows": [w],
+        }
     ).windows[0]
 
 
 def brute_windows(size: int, slide: int, offset: int, t: int) -> list[tuple[int, int]]:
     """Every aligned window holding t, by scanning all candidate starts around t."""
-    return [(s, s + size) for s in range(t - size - slide, t + slide + 1) if (s - offset) % slide == 0 and s <= t < s + size]
+    return [
+        (s, s + size) for s in range(t - size - slide, t + slide + 1) if (s - offset) % slide == 0 and s <= t < s + size
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -102,7 +110,11 @@ def test_sliding_negative_times():
 def test_fixed_windows_equal_brute_force(slide, mult, off, t):
     size = slide * mult
     offset = off % slide
-    w = window("sliding", size=size, slide=slide, offset=offset) if mult > 1 else window("tumbling", size=size, offset=offset)
+    w = (
+        window("sliding", size=size, slide=slide, offset=offset)
+        if mult > 1
+        else window("tumbling", size=size, offset=offset)
+    )
     got = assign(w, t)
     assert got == brute_windows(size, slide, offset, t)
     assert len(got) == size // slide

@@ -44,7 +44,11 @@ def build_definitions(directory: Path | None = None, pipelines: list[Pipeline] |
     # A run is one step (the pipeline's multi-asset): executing it in the run's own process saves
     # the multiprocess executor's extra Python process (and its imports) per run.
     return dg.Definitions(
-        assets=assets, jobs=jobs, sensors=sensors, schedules=schedules, resources=default_resources(),
+        assets=assets,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=default_resources(),
         executor=dg.in_process_executor,
     )
 

@@ -64,10 +64,10 @@ def out_of_domain(values: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
 
     values = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
     if pa.types.is_unsigned_integer(values.type):
-        return pc.greater(values, pa.scalar(MAX_EXACT, values.type))
+        return pc.greater(values, pa.scalar(MAX_EXACT, values.type))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
     wide = values.cast(pa.float64() if pa.types.is_floating(values.type) else pa.int64())
-    beyond = pc.or_(pc.greater(wide, pa.scalar(MAX_EXACT, wide.type)), pc.less(wide, pa.scalar(-MAX_EXACT, wide.type)))
-    return pc.or_(pc.invert(pc.is_finite(wide)), beyond) if pa.types.is_floating(wide.type) else beyond
+    beyond = pc.or_(pc.greater(wide, pa.scalar(MAX_EXACT, wide.type)), pc.less(wide, pa.scalar(-MAX_EXACT, wide.type)))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+    return pc.or_(pc.invert(pc.is_finite(wide)), beyond) if pa.types.is_floating(wide.type) else beyond  # pyright: ignore[reportAttributeAccessIssue]  generated at import
 
 
 def domain_reason(field: str, x: float | int) -> str:

@@ -165,8 +165,11 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         proc = subprocess.Popen(dagster_dev_command(port), cwd=str(PROJECT), env=env, start_new_session=True)
         if spark is not None:
             spark.wait_ready()  # while dagster dev loads its code location
-        print(f"embedded S3 at {cfg.endpoint}; Spark at {spark_at}; Dagster UI at http://127.0.0.1:{port} "
-              f"(DAGSTER_HOME={home}); Ctrl-C stops them", flush=True)
+        print(
+            f"embedded S3 at {cfg.endpoint}; Spark at {spark_at}; Dagster UI at http://127.0.0.1:{port} "
+            f"(DAGSTER_HOME={home}); Ctrl-C stops them",
+            flush=True,
+        )
         code = proc.wait()
         print(f"dagster dev exited with code {code}; stopping", file=sys.stderr, flush=True)
         return code

@@ -162,14 +162,16 @@ def _aggregates(raw: object, where: str) -> tuple[Aggregate, ...]:
         m = AGG_RE.match(str(expr))
         if not m:
             raise WireInputError(
-                f"{where}.aggregates.{name}: unknown aggregate {expr!r}; use one of count, sum(f), min(f), max(f), avg(f), count_distinct(f)"
+                f"{where}.aggregates.{name}: unknown aggregate {expr!r}; "
+                "use one of count, sum(f), min(f), max(f), avg(f), count_distinct(f)"
             )
         func, field = m.group(1), m.group(2)
         if func == "count" and field:
             raise WireInputError(f"{where}.aggregates.{name}: count takes no field; write `count`")
         if func != "count" and not field:
             raise WireInputError(f"{where}.aggregates.{name}: {func} needs a field name, e.g. {func}(amount)")
-        out.append(Aggregate(name=name, func=func, field=field))
+        # The pattern admits only the Literal's names; pydantic checks the type.
+        out.append(Aggregate.model_validate({"name": name, "func": func, "field": field}))
     return tuple(out)
 
 
@@ -185,7 +187,9 @@ def _window(raw: object, i: int) -> WindowSpec:
         raise WireInputError(f"{where}.type: unknown window type {wtype!r}; use tumbling, sliding or session")
     extra = set(raw) - known[wtype] - {"name", "type", "aggregates"}
     if extra:
-        raise WireInputError(f"{where}: unknown key(s) {sorted(extra)} for a {wtype} window; allowed: {sorted(known[wtype])}")
+        raise WireInputError(
+            f"{where}: unknown key(s) {sorted(extra)} for a {wtype} window; allowed: {sorted(known[wtype])}"
+        )
     aggs = _aggregates(raw.get("aggregates"), where)
     if wtype == "session":
         gap = parse_duration(_req(raw, "gap", where), f"{where}.gap")
@@ -200,7 +204,10 @@ def _window(raw: object, i: int) -> WindowSpec:
     if slide <= 0:
         raise WireInputError(f"{where}.slide: must be > 0")
     if slide > size:
-        raise WireInputError(f"{where}.slide: {raw.get('slide')} is longer than size {raw.get('size')}; there would be gaps between windows — make slide <= size")
+        raise WireInputError(
+            f"{where}.slide: {raw.get('slide')} is longer than size {raw.get('size')}; "
+            "there would be gaps between windows — make slide <= size"
+        )
     if size % slide:
         raise WireInputError(f"{where}.size: must be a multiple of slide so every event is in size/slide windows")
     offset = parse_duration(raw.get("offset", 0), f"{where}.offset")
@@ -212,7 +219,19 @@ def _window(raw: object, i: int) -> WindowSpec:
 def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if not isinstance(raw, dict):
         raise WireInputError("pipeline file: expected a YAML mapping with name, stream, event, windows")
-    allowed = {"name", "stream", "event", "watermark", "lateness", "partition", "windows", "start", "end", "limits", "dagster"}
+    allowed = {
+        "name",
+        "stream",
+        "event",
+        "watermark",
+        "lateness",
+        "partition",
+        "windows",
+        "start",
+        "end",
+        "limits",
+        "dagster",
+    }
     extra = set(raw) - allowed
     if extra:
         raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -253,7 +272,9 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     try:
         start = parse_iso(str(start_raw))
     except ValueError:
-        raise WireInputError(f"start: bad time {start_raw!r}; use ISO-8601 with a zone, e.g. 2024-01-01T00:00:00Z") from None
+        raise WireInputError(
+            f"start: bad time {start_raw!r}; use ISO-8601 with a zone, e.g. 2024-01-01T00:00:00Z"
+        ) from None
     if start % partition:
         raise WireInputError("start: must be aligned to the partition size")
     end = None
@@ -261,7 +282,9 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         try:
             end = parse_iso(str(raw["end"]))
         except ValueError:
-            raise WireInputError(f"end: bad time {raw['end']!r}; use ISO-8601 with a zone, e.g. 2024-02-01T00:00:00Z") from None
+            raise WireInputError(
+                f"end: bad time {raw['end']!r}; use ISO-8601 with a zone, e.g. 2024-02-01T00:00:00Z"
+            ) from None
         if end <= start or (end - start) % partition:
             raise WireInputError("end: must be after start and a whole number of partitions after it")
     limits = raw.get("limits") or {}
@@ -306,7 +329,15 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
 def _orchestration(raw: object) -> Orchestration:
     if not isinstance(raw, dict):
         raise WireInputError("dagster: expected a mapping (sensor_interval, sensor_running, schedule, ...)")
-    allowed = {"sensor_interval", "sensor_running", "schedule", "max_watermark_lag", "max_dead_letter_rate", "keep_epochs", "max_epochs_per_run"}
+    allowed = {
+        "sensor_interval",
+        "sensor_running",
+        "schedule",
+        "max_watermark_lag",
+        "max_dead_letter_rate",
+        "keep_epochs",
+        "max_epochs_per_run",
+    }
     extra = set(raw) - allowed
     if extra:
         raise WireInputError(f"dagster: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -381,7 +412,9 @@ def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
         if spec.name == name_or_path:
             found.append(spec)
     if not found:
-        raise WireInputError(f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES")
+        raise WireInputError(
+            f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES"
+        )
     return _unique(found)[0]
 
 
@@ -404,6 +437,7 @@ def _unique(specs: list[Pipeline]) -> list[Pipeline]:
         other = first.setdefault(s.name, s)
         if other is not s:
             raise WireInputError(
-                f"pipeline {s.name!r} is declared by two files, {other.source} and {s.source}; give each pipeline a unique name"
+                f"pipeline {s.name!r} is declared by two files, {other.source} and {s.source}; "
+                "give each pipeline a unique name"
             )
     return specs

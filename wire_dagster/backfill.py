@@ -21,11 +21,13 @@ from .checkpoint import (
     new_run_id,
     sha256,
 )
-from .engine import apply_changes, one_task, partition_starts
+from .engine import apply_changes, one_task
 from .errors import CommitConflict, ObjectNotFound, WireInputError
 from .kernel import epoch_chunks, run_epoch
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
+from .partitions import between as partitions_between
+from .partitions import starts as partition_starts
 from .spec import Pipeline
 from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms
@@ -107,7 +109,7 @@ def select_partitions(store: ObjectStore, spec: Pipeline, lo: int | None = None,
             )
         span = f"[{iso(lo) if lo is not None else '-inf'}, {iso(hi) if hi is not None else '+inf'})"
         raise WireInputError(f"backfill {spec.name}: no partition with committed results in {span}")
-    return list(range(held[0], held[-1] + spec.partition, spec.partition))
+    return partitions_between(spec, held[0], held[-1])
 
 
 def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None) -> Manifest | None:

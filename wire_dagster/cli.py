@@ -391,12 +391,12 @@ def gc(
 ):
     """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names)."""
     from .checkpoint import Checkpoints
-    from .engine import keep_epochs_setting
+    from .settings import keep_epochs
 
     spec = _spec(pipeline)
     if keep is not None and keep < 1:
         raise WireInputError("--keep: must be >= 1")
-    res = Checkpoints(_store(), spec.name).gc(keep=keep_epochs_setting(spec, keep), grace_s=grace)
+    res = Checkpoints(_store(), spec.name).gc(keep=keep_epochs(spec, keep), grace_s=grace)
     out.print(f"deleted {res['epochs']} epochs and {res['files']} files")
 
 

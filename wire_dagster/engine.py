@@ -14,24 +14,25 @@ next job computes.
 from __future__ import annotations
 
 import io
-import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import partitions, settings
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
 from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
-from .sparksession import single_task_rows, started_session
+from .sparksession import started_session
 from .spec import Pipeline
 from .streams import ChunkMeta, duckdb_connection, read_stream, views_from
 from .timeutil import NEG_INF, iso, now_ms
@@ -39,9 +40,6 @@ from .watermark import EpochClock, SegmentClock, advance, select_chunks
 
 ROW_ID = ["key", "window_start", "window_end"]
 STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
-#: Default of WIRE_EPOCHS_PER_JOB: a backlog's epochs computed by one Spark job (one task), as far
-#: as they fit one worker together (measured: benchmarks/kernel.py).
-EPOCHS_PER_JOB = 8
 
 
 @dataclass
@@ -69,13 +67,8 @@ def _min_start(store: ObjectStore, ref: FileRef | None) -> int | None:
     """The earliest window start of a state file: its `start` column only, on the driver."""
     if ref is None or not ref.rows:
         return None
-    return pc.min(pq.read_table(io.BytesIO(store.get(ref.key)), columns=["start"])["start"]).as_py()
-
-
-def partition_starts(spec: Pipeline, ends: pa.Array) -> pa.Array:
-    """Partition of each window result: the one holding `end - 1` (DESIGN §1)."""
-    off = pc.subtract(pc.subtract(ends, 1), spec.start)
-    return pc.add(pc.multiply(pc.floor(pc.divide(pc.cast(off, pa.float64()), spec.partition)).cast(pa.int64()), spec.partition), spec.start)
+    starts = pq.read_table(io.BytesIO(store.get(ref.key)), columns=["start"])["start"]
+    return pc.min(starts).as_py()  # pyright: ignore[reportAttributeAccessIssue]  generated at import
 
 
 def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
@@ -94,7 +87,8 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
             con.register("old", old)
             sql = f"""
                 SELECT {cols} FROM old ANTI JOIN ch
-                  ON old.key IS NOT DISTINCT FROM ch.key AND old.window_start = ch.window_start AND old.window_end = ch.window_end
+                  ON old.key IS NOT DISTINCT FROM ch.key
+                 AND old.window_start = ch.window_start AND old.window_end = ch.window_end
                 UNION ALL {sql}"""
         out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end").to_arrow_table()
     finally:
@@ -129,11 +123,11 @@ def process(
     Restart-safe: it starts from the last committed epoch, repairs published output
     that differs from it, and ignores every uncommitted attempt. Once the epochs are
     committed, the partitions they changed are published and garbage collection keeps
-    the last `keep_epochs` committed epochs (default: `keep_epochs_setting`) — once
+    the last `keep_epochs` committed epochs (default: `settings.keep_epochs`) — once
     per call, not per epoch: a backlog's intermediate outputs are never published (if
     the call fails half-way, the next one's self-correction publishes what is committed).
     """
-    keep_epochs = keep_epochs_setting(spec, keep_epochs)
+    keep_epochs = settings.keep_epochs(spec, keep_epochs)
     cp = Checkpoints(store, spec.name)
     prev = cp.latest()
     out = Outcome(manifest=prev)
@@ -158,12 +152,16 @@ def process(
                 run_id = None
             left = max_epochs - len(out.committed) - len(done)
             carry: _Carry | None = None
-            nxt = _plan_job(store, spec, done[-1].after(), _result_rows(results[-1]), now, left, progress) if left > 0 else []
+            nxt = (
+                _plan_job(store, spec, done[-1].after(), _result_rows(results[-1]), now, left, progress)
+                if left > 0
+                else []
+            )
             if nxt:
                 carry = _stage_carry(cp, ids[-1], done[-1].epoch, results[-1])
                 pending = ahead.submit(_compute, store, spec, spark, carry, nxt)
             try:
-                for i, (plan, res) in enumerate(zip(done, results)):
+                for i, (plan, res) in enumerate(zip(done, results, strict=True)):
                     m = _commit_epoch(store, cp, spec, prev, ids[i], plan, res, carry if i == len(done) - 1 else None)
                     out.committed.append(m.epoch)
                     out.manifest = prev = m
@@ -174,7 +172,7 @@ def process(
                     pending.exception()
                 raise
             batch = nxt
-    if out.committed:
+    if out.committed and prev is not None:
         # Side by side (each mostly waits on the store): garbage collection deletes only what no
         # kept manifest names, and publishing copies only what the latest (kept) manifest names.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-gc") as bg:
@@ -241,35 +239,21 @@ def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> 
 
     st_refs = {}
     with _staged(stage_state, list(res.windows)) as refs:
-        for name, ref in zip(res.windows, refs):
+        for name, ref in zip(res.windows, refs, strict=True):
             st_refs[name] = ref
             fault("during-state-snapshot")
-    ids_ref = cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids, distinct=("id",)), res.ids.num_rows, epoch) if res.ids is not None else None
+    ids_ref = (
+        cp.stage(run_id, "ids.parquet", parquet_bytes(res.ids, distinct=("id",)), res.ids.num_rows, epoch)
+        if res.ids is not None
+        else None
+    )
     return _Carry(st_refs, ids_ref)
 
 
 def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
     """Whether an epoch runs as one Spark task with no shuffle: its events and carried rows
-    (window state, id memory) number at most `sparksession.single_task_rows()`."""
-    return sum(c.rows for c in chunks) + carried_rows <= single_task_rows()
-
-
-def _count_setting(name: str, value: int | None, default: int) -> int:
-    """A count >= 1: `value`, else the environment variable `name`, else `default`."""
-    raw = value if value is not None else os.environ.get(name) or default
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise WireInputError(f"{name}: expected an integer >= 1, got {raw!r}")
-    return n
-
-
-def keep_epochs_setting(spec: Pipeline, value: int | None = None) -> int:
-    """Committed epochs garbage collection keeps: `value` (a caller's explicit count, `wire gc
-    --keep`), else WIRE_KEEP_EPOCHS, else the pipeline's `dagster.keep_epochs` (default 10)."""
-    return _count_setting("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
+    (window state, id memory) number at most `settings.single_task_rows()`."""
+    return sum(c.rows for c in chunks) + carried_rows <= settings.single_task_rows()
 
 
 def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
@@ -352,7 +336,7 @@ def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int,
     listing from their offsets (`views_from`)."""
     batch: list[_Planned] = []
     listed = read_stream(store, spec.stream, base.offsets)
-    while len(batch) < min(limit, epochs_per_job()):
+    while len(batch) < min(limit, settings.epochs_per_job()):
         plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None:
             break
@@ -365,14 +349,10 @@ def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int,
         base = plan.after()
     if progress:
         for plan in batch:
-            progress(f"epoch {plan.epoch}: {len(plan.chunks)} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}")
+            progress(
+                f"epoch {plan.epoch}: {len(plan.chunks)} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}"
+            )
     return batch
-
-
-def epochs_per_job() -> int:
-    """Most epochs one Spark job computes (WIRE_EPOCHS_PER_JOB, default EPOCHS_PER_JOB; 1: a job
-    per epoch)."""
-    return _count_setting("WIRE_EPOCHS_PER_JOB", None, EPOCHS_PER_JOB)
 
 
 def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned]) -> list[EpochResult]:
@@ -387,7 +367,9 @@ def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned])
         if len(batch) == 1 and not one_task(batch[0].chunks, carry.rows):
             p = batch[0]
             return [run_epoch(spark, spec, events[0], state, ids, p.w_prev, p.clock.watermark, single_task=False)]
-        return run_epochs(spark, spec, [(ev, p.w_prev, p.clock.watermark) for ev, p in zip(events, batch)], state, ids)
+        return run_epochs(
+            spark, spec, [(ev, p.w_prev, p.clock.watermark) for ev, p in zip(events, batch, strict=True)], state, ids
+        )
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions
@@ -397,8 +379,16 @@ def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned])
         raise
 
 
-def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None, run_id: str, plan: _Planned,
-                  res: EpochResult, carry: _Carry | None = None) -> Manifest:
+def _commit_epoch(
+    store,
+    cp: Checkpoints,
+    spec: Pipeline,
+    prev: Manifest | None,
+    run_id: str,
+    plan: _Planned,
+    res: EpochResult,
+    carry: _Carry | None = None,
+) -> Manifest:
     """Stage a computed epoch's outputs, state and dead letters (state and id memory unless
     `carry` staged them already, under `run_id`), then prepare and commit its manifest."""
     epoch, taken, chunks, clock, w_prev = plan.epoch, plan.taken, plan.chunks, plan.clock, plan.w_prev
@@ -411,8 +401,9 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
         r = res.windows[w.name]
         outputs.setdefault(w.name, {})
         if r.outputs.num_rows:
-            pstart = partition_starts(spec, r.outputs["window_end"])
-            touched += [(w.name, p, r.outputs.filter(pc.equal(pstart, p))) for p in sorted(pc.unique(pstart).to_pylist())]
+            pstart = partitions.starts(spec, r.outputs["window_end"])
+            for p in sorted(pstart.unique().to_pylist()):
+                touched.append((w.name, p, r.outputs.filter(pc.equal(pstart, p))))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
 
     def stage_partition(job) -> tuple[str, int, FileRef | None, FileRef]:
         """A touched partition's new content (its committed file merged with the epoch's rows), staged."""
@@ -432,9 +423,13 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
             outputs[name][str(p)] = ref
         # partitions that became ready in this epoch are "changed" too, even if empty
         # lo_t only bounds a first finite watermark: read the state's starts only then.
-        state_starts = [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev and w_prev <= NEG_INF else []
-        lo_t = min([c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None)
-        became_ready = ready_between(spec, w_prev, clock.watermark, clock, prev, lo_t=lo_t)
+        state_starts = (
+            [_min_start(store, prev.state.get(w.name)) for w in spec.windows] if prev and w_prev <= NEG_INF else []
+        )
+        lo_t = min(
+            [c.min_t for c in chunks if c.min_t is not None] + [t for t in state_starts if t is not None], default=None
+        )
+        became_ready = partitions.became_ready(spec, w_prev, clock.watermark, clock.max_t, lo_t)
         for w in spec.windows:
             changed[w.name] = sorted(set(changed[w.name]) | set(became_ready))
         fault("after-staging")
@@ -445,7 +440,8 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
         fault("during-dead-letters")
         t = res.dead_letters.append_column("epoch", pa.array([epoch] * res.dead_letters.num_rows, pa.int64()))
         dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
-    malformed = sum(c.malformed for c in chunks) + res.errors  # produce's `malformed:` and the kernel's `error:` letters
+    # produce's `malformed:` and the kernel's `error:` letters
+    malformed = sum(c.malformed for c in chunks) + res.errors
     counts = Counts(
         events_in=res.events + malformed,
         malformed=malformed,
@@ -488,38 +484,6 @@ def _commit_epoch(store, cp: Checkpoints, spec: Pipeline, prev: Manifest | None,
     return manifest
 
 
-def ready_between(
-    spec: Pipeline, w_prev: int, w_new: int, clock, prev: Manifest | None, lo_t: int | None = None
-) -> list[int]:
-    """Partitions with data that became ready (`W >= p_end`) between two watermarks.
-
-    Bounded by the data read so far: an infinite watermark (closed stream) makes
-    ready only partitions up to the last event's windows, and a first finite
-    watermark (`w_prev` = -inf) only partitions from the earliest event still
-    held (`lo_t`: this epoch's chunks and the open windows), never every
-    partition since the pipeline's `start`.
-    """
-    hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
-    if hi_t <= NEG_INF:
-        return []
-    last_p = spec.start + ((hi_t + spec.max_extent - 1 - spec.start) // spec.partition) * spec.partition
-    if w_prev <= NEG_INF:
-        if lo_t is None:
-            return []
-        lo = max(lo_t, spec.start)
-        first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition
-    else:
-        lo = max(w_prev, spec.start)
-        first_p = spec.start + ((lo - spec.start) // spec.partition) * spec.partition - spec.partition
-    out = []
-    p = max(first_p, spec.start)
-    while p <= last_p:
-        if w_prev < p + spec.partition <= w_new:
-            out.append(p)
-        p += spec.partition
-    return out
-
-
 def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = None) -> Manifest:
     """Make epoch N current again: a new epoch pointing at N's offsets, watermark, state and outputs.
 
@@ -552,7 +516,7 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
         replay.append({"remap": m.remap, "decisions": m.decisions})
     run_id = run_id or new_run_id()
     fault("during-rewind")
-    base = dict(
+    base: dict[str, Any] = dict(
         pipeline=spec.name,
         epoch=cur.epoch + 1,
         previous=cur.epoch,
@@ -565,7 +529,15 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
         replay=replay,
     )
     if target is None:
-        m = Manifest(**base, remap={}, segments={}, segment_watermarks={}, decisions={}, watermark=NEG_INF, prev_watermark=cur.watermark)
+        m = Manifest(
+            **base,
+            remap={},
+            segments={},
+            segment_watermarks={},
+            decisions={},
+            watermark=NEG_INF,
+            prev_watermark=cur.watermark,
+        )
     else:
         m = Manifest(
             **base,
@@ -585,7 +557,9 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
     for w in spec.windows:
         a = cur.outputs.get(w.name, {})
         b = m.outputs.get(w.name, {})
-        diff = sorted(int(p) for p in set(a) | set(b) if (a.get(p).sha256 if p in a else None) != (b.get(p).sha256 if p in b else None))
+        diff = sorted(
+            int(p) for p in set(a) | set(b) if (a[p].sha256 if p in a else None) != (b[p].sha256 if p in b else None)
+        )
         if diff:
             changed[w.name] = diff
     m = m.model_copy(update={"changed": changed})
@@ -637,11 +611,10 @@ def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
     """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
     from .streams import iter_dead_letters
 
-    out = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
+    out: list[dict] = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
     m = Checkpoints(store, spec.name).latest()
     for ref in m.dead_letters if m else []:
-        t = _read_table(store, ref)
-        for r in t.to_pylist():
+        for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():
             out.append(
                 {
                     "reason": r["reason"],

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from . import partitions, windows
 from .checkpoint import Checkpoints
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import SegmentView, read_stream
-from .timeutil import INF, NEG_INF, iso, now_ms
+from .timeutil import NEG_INF, iso, now_ms
 from .watermark import SegmentClock, advance, select_chunks
 
 
@@ -119,51 +120,10 @@ def parse_planned(cursor: str | None) -> tuple[int, int, int] | None:
     return (int(planned["to"]), int(planned["first"]), int(planned["last"])) if planned else None
 
 
-def _partitions_between(spec: Pipeline, w_lo: int, w_hi: int, hi_t: int, lo_t: int | None = None) -> list[int]:
-    """Partitions whose end falls in (w_lo, w_hi], bounded by the data: none after the last
-    window any read event can belong to and, for a first finite watermark (w_lo = -inf),
-    none before the earliest event read (`lo_t`), as `engine.ready_between` decides them."""
-    if hi_t <= NEG_INF or w_hi <= w_lo:
-        return []
-    last = spec.start + ((min(hi_t + spec.max_extent, INF) - 1 - spec.start) // spec.partition) * spec.partition
-    if w_lo <= NEG_INF:
-        if lo_t is None:
-            return []
-        p = spec.start + ((max(lo_t, spec.start) - spec.start) // spec.partition) * spec.partition
-    else:
-        first_end = max(w_lo, spec.start)
-        p = spec.start + ((first_end - spec.start) // spec.partition) * spec.partition - spec.partition
-    p = max(spec.start, p)
-    out = []
-    while p <= last:
-        if w_lo < p + spec.partition <= w_hi:
-            out.append(p)
-        p += spec.partition
-    return out
-
-
 def _last_window_end(spec: Pipeline, t: int) -> int:
     """The latest end of any window an event at t belongs to (a session: its one-event
     window; sessions it merges with are found by the commit and requested after it)."""
-    ends = []
-    for w in spec.windows:
-        if w.type == "session":
-            ends.append(t + w.gap)
-        else:
-            ends.append(t - (t - w.offset) % w.slide + w.size)
-    return max(ends)
-
-
-def progress_partition(spec: Pipeline, w: int) -> int:
-    """The newest partition that watermark `w` made ready, within [start, end); the first
-    partition while none is ready."""
-    last = spec.end - spec.partition if spec.end is not None else None
-    if w <= NEG_INF or w < spec.start + spec.partition:
-        return spec.start
-    if w >= INF:  # a closed stream: every partition is ready; any one of them is a valid key
-        return last if last is not None else spec.start
-    p = spec.start + ((w - spec.start) // spec.partition - 1) * spec.partition
-    return min(p, last) if last is not None else p
+    return max(windows.assign(w, t)[-1][1] for w in spec.windows)
 
 
 def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None = None) -> Plan:
@@ -179,7 +139,7 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         m = latest if latest is not None and n == latest.epoch else cp.load(n)
         # A run is for a ready partition: a window that fired into a partition whose end W
         # has not reached yet is reported once the partition is ready.
-        ready = {p for parts in m.changed.values() for p in parts if m.watermark >= p + spec.partition}
+        ready = {p for parts in m.changed.values() for p in parts if partitions.ready(spec, m.watermark, p)}
         if planned and m.kind == "process" and n <= planned[0] and all(planned[1] <= p <= planned[2] for p in ready):
             continue  # the backlog run the previous evaluation requested reports these
         for p in sorted(ready):
@@ -230,11 +190,10 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
 
 def _request_epoch(spec: Pipeline, reqs: dict, nxt: int, w: int, clock, taken: dict, reads: bool) -> None:
     """The requests of one predicted epoch `nxt` that moves W from `w` to `clock.watermark`."""
-    hi_t = max([c.max_t for c in clock.segments.values()] + [NEG_INF])
     # (the engine also counts the open windows' starts in lo_t; they exist before a first finite
     # watermark only if every segment was idle until now: then the commit's request covers the rest)
     lo_t = min((c.min_t for cs in taken.values() for c in cs if c.min_t is not None), default=None)
-    for p in _partitions_between(spec, w, clock.watermark, hi_t, lo_t):
+    for p in partitions.became_ready(spec, w, clock.watermark, clock.max_t, lo_t):
         reqs.setdefault((nxt, p), Request(nxt, p, "ready"))
     # late data: pending events older than W can change ready-but-not-final partitions
     for chunks in taken.values():
@@ -245,17 +204,13 @@ def _request_epoch(spec: Pipeline, reqs: dict, nxt: int, w: int, clock, taken: d
             # the last partition a late event of this chunk can change: the one holding
             # (end - 1) of the latest-ending window of an event at min(max_t, W - 1)
             hi = _last_window_end(spec, min(c.max_t, w - 1)) - 1
-            p = spec.start + ((max(lo, spec.start) - spec.start) // spec.partition) * spec.partition
-            while p <= hi:
-                ready = w >= p + spec.partition
-                final = w >= p + spec.partition + spec.allowed_lateness
-                if ready and not final:
+            for p in partitions.between(spec, lo, hi):
+                if partitions.ready(spec, w, p) and not partitions.final(spec, w, p):
                     reqs.setdefault((nxt, p), Request(nxt, p, "late"))
-                p += spec.partition
     if reads and not any(r.epoch == nxt for r in reqs.values()):
         # The epoch reads chunks but makes no partition ready (partitions longer than an epoch's
         # budget of event time): a run must still commit it, or the watermark never reaches the
         # next partition end and the sensor waits forever. It reports the newest ready partition
         # (the first one before any is ready).
-        p = progress_partition(spec, clock.watermark)
+        p = partitions.newest_ready(spec, clock.watermark)
         reqs[(nxt, p)] = Request(nxt, p, "progress")

@@ -29,7 +29,7 @@ def run_partition(
     if process_pending:
         for attempt in range(3):
             try:
-                # Garbage collection keeps `engine.keep_epochs_setting(spec)` epochs: WIRE_KEEP_EPOCHS, else the file's.
+                # Garbage collection keeps `settings.keep_epochs(spec)` epochs: WIRE_KEEP_EPOCHS, else the file's.
                 out = process(store, spec, spark, max_epochs=spec.orchestration.max_epochs_per_run, progress=log)
                 if log and out.repaired:
                     log(f"self-correction rewrote {len(out.repaired)} published files: {', '.join(out.repaired)}")

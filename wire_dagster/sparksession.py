@@ -28,7 +28,7 @@ WIRE_SPARK_SHUFFLE_PARTITIONS (default: the local cores, at least 2),
 WIRE_SPARK_UI (false), WIRE_SPARK_LOCAL_DIR (where a local session's spill files and JVM temporary files
 go, in a directory of the process's own removed at its exit or, after a kill, by the next local session;
 default <tmp>/wire-spark),
-WIRE_SPARK_DRIVER_HOST, WIRE_SINGLE_TASK_ROWS (see `single_task_rows`). Any other Spark setting:
+WIRE_SPARK_DRIVER_HOST (the engine's own knobs, WIRE_SINGLE_TASK_ROWS among them: settings.py). Any other Spark setting:
 spark-defaults.conf under SPARK_CONF_DIR, as for every Spark application.
 """
 
@@ -78,27 +78,6 @@ def _resolve(master: str | None, remote: str | None) -> tuple[str, str, bool]:
             return "remote", url, True
         master = "local[*]"
     return "master", check_master(master), False
-
-
-#: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
-SINGLE_TASK_ROWS = 2_000_000
-
-
-def single_task_rows() -> int:
-    """An epoch whose events plus carried rows (window state, id memory) number at most this
-    runs as one Spark task with no shuffle: a stage's fixed cost (scheduling, shuffle files, the
-    hand-over to Python workers) outweighs parallelism for small epochs. WIRE_SINGLE_TASK_ROWS,
-    default SINGLE_TASK_ROWS; 0 always distributes by key bucket."""
-    raw = env_value("WIRE_SINGLE_TASK_ROWS")
-    if raw is None:
-        return SINGLE_TASK_ROWS
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise WireInputError(f"WIRE_SINGLE_TASK_ROWS: expected an integer >= 0, got {raw!r}")
-    return n
 
 
 def get_spark(master: str | None = None, remote: str | None = None, app: str = "wire", cores: int | None = None):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import partitions
 from .checkpoint import Checkpoints, Manifest
 from .objectstore import ObjectStore
 from .spec import Pipeline
@@ -22,14 +23,6 @@ def partition_range(spec: Pipeline, m: Manifest | None) -> list[int]:
     ps = {int(p) for parts in m.outputs.values() for p in parts}
     ps |= {p for parts in m.changed.values() for p in parts}
     return sorted(ps)
-
-
-def is_ready(spec: Pipeline, w: int, p: int) -> bool:
-    return w >= p + spec.partition
-
-
-def is_final(spec: Pipeline, w: int, p: int) -> bool:
-    return w >= p + spec.partition + spec.allowed_lateness
 
 
 def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
@@ -56,8 +49,11 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
         )
     w = m.watermark if m else NEG_INF
     parts = partition_range(spec, m)
-    dl = {"malformed": m.totals.malformed if m else 0, "duplicate": m.totals.duplicate if m else 0,
-          "late": dict(m.totals.late) if m else {}}
+    dl = {
+        "malformed": m.totals.malformed if m else 0,
+        "duplicate": m.totals.duplicate if m else 0,
+        "late": dict(m.totals.late) if m else {},
+    }
     return {
         "pipeline": spec.name,
         "stream": spec.stream,
@@ -71,8 +67,8 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
         "segments": segs,
         "pending_chunks": sum(s["pending"] for s in segs),
         "partitions": {
-            "ready": [iso(p) for p in parts if is_ready(spec, w, p)],
-            "final": [iso(p) for p in parts if is_final(spec, w, p)],
+            "ready": [iso(p) for p in parts if partitions.ready(spec, w, p)],
+            "final": [iso(p) for p in parts if partitions.final(spec, w, p)],
         },
         "totals": m.totals.model_dump() if m else {},
         "balanced": m.totals.balanced() if m else True,
@@ -86,9 +82,17 @@ def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
     rows = []
     for n in cp.committed():
         m = cp.load(n)
-        rows.append({"epoch": n, "created_ms": m.created_ms, "watermark": m.watermark,
-                     "segments": {s: {"wm": m.segment_watermarks.get(s, NEG_INF), "max_t": r.max_t, "ingest": r.last_ingest}
-                                  for s, r in m.segments.items()}})
+        rows.append(
+            {
+                "epoch": n,
+                "created_ms": m.created_ms,
+                "watermark": m.watermark,
+                "segments": {
+                    s: {"wm": m.segment_watermarks.get(s, NEG_INF), "max_t": r.max_t, "ingest": r.last_ingest}
+                    for s, r in m.segments.items()
+                },
+            }
+        )
     return rows
 
 
@@ -191,8 +195,8 @@ def partition_report(spec: Pipeline, m: Manifest | None, partition: int) -> dict
         "epoch": m.epoch if m else 0,
         "run_id": m.run_id if m else None,
         "remap": ", ".join(f"{s}:{n}" for s, n in (m.remap.items() if m else [])) or "-",
-        "ready": is_ready(spec, w, partition),
-        "final": is_final(spec, w, partition),
+        "ready": partitions.ready(spec, w, partition),
+        "final": partitions.final(spec, w, partition),
         "counts_epoch": m.counts.model_dump() if m else {},
         "counts_total": m.totals.model_dump() if m else {},
         "balanced": (m.counts.balanced() and m.totals.balanced()) if m else True,

@@ -47,6 +47,11 @@ class EpochClock:
     def remap(self) -> dict[str, int]:
         return {s: c.next_seq for s, c in sorted(self.segments.items())}
 
+    @property
+    def max_t(self) -> int:
+        """The newest event time read in any segment (-inf before any)."""
+        return max([c.max_t for c in self.segments.values()] + [NEG_INF])
+
 
 def select_chunks(views: dict[str, SegmentView], offsets: dict[str, int], budget: int) -> dict[str, list[ChunkMeta]]:
     """Back-pressure: at most `budget` chunks, the segments kept aligned in event time.

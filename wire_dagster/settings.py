@@ -1,0 +1,63 @@
+"""The engine's settings from the environment: each knob is read and checked here, once, with its
+default, so a bad value is one WireInputError naming the variable wherever the knob is used.
+
+WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JOB (a backlog's
+epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
+task). An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's
+own settings are in sparkconf.py / sparksession.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import WireInputError
+from .sparkconf import env_value
+from .spec import Pipeline
+
+#: Default of WIRE_EPOCHS_PER_JOB: a backlog's epochs computed by one Spark job (one task), as far
+#: as they fit one worker together (measured: benchmarks/kernel.py).
+EPOCHS_PER_JOB = 8
+#: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
+SINGLE_TASK_ROWS = 2_000_000
+
+
+def count(name: str, value: int | None, default: int) -> int:
+    """A count >= 1: `value`, else the environment variable `name`, else `default`."""
+    raw = value if value is not None else os.environ.get(name) or default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise WireInputError(f"{name}: expected an integer >= 1, got {raw!r}")
+    return n
+
+
+def keep_epochs(spec: Pipeline, value: int | None = None) -> int:
+    """Committed epochs garbage collection keeps: `value` (a caller's explicit count, `wire gc
+    --keep`), else WIRE_KEEP_EPOCHS, else the pipeline's `dagster.keep_epochs` (default 10)."""
+    return count("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
+
+
+def epochs_per_job() -> int:
+    """Most epochs one Spark job computes (WIRE_EPOCHS_PER_JOB, default EPOCHS_PER_JOB; 1: a job
+    per epoch)."""
+    return count("WIRE_EPOCHS_PER_JOB", None, EPOCHS_PER_JOB)
+
+
+def single_task_rows() -> int:
+    """An epoch whose events plus carried rows (window state, id memory) number at most this
+    runs as one Spark task with no shuffle: a stage's fixed cost (scheduling, shuffle files, the
+    hand-over to Python workers) outweighs parallelism for small epochs. WIRE_SINGLE_TASK_ROWS,
+    default SINGLE_TASK_ROWS; 0 always distributes by key bucket."""
+    raw = env_value("WIRE_SINGLE_TASK_ROWS")
+    if raw is None:
+        return SINGLE_TASK_ROWS
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise WireInputError(f"WIRE_SINGLE_TASK_ROWS: expected an integer >= 0, got {raw!r}")
+    return n

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wire_dagster.spec import pipeline_from_dict
-from wire_dagster.windows import assign, merge, partition_of
+from wire_dagster.windows import assign, merge
 
 
 def window(wtype: str, **kw):
@@ -199,11 +199,3 @@ def test_merge_equals_connected_components(raw):
     # sorted by start, and merged windows neither overlap nor touch
     bounds = [b for b, _ in out]
     assert all(a[1] < b[0] for a, b in pairwise(bounds))
-
-
-def test_partition_of_holds_end_minus_one():
-    # a window [0, 60) belongs to the partition holding 59
-    assert partition_of(60, 60) == 0
-    assert partition_of(61, 60) == 60
-    assert partition_of(0, 60) == -60
-    assert partition_of(60, 60, start=30) == 30

@@ -40,8 +40,3 @@ def merge(windows: Iterable[Window]) -> list[tuple[Window, list[int]]]:
         else:
             out.append(((s, e), [i]))
     return out
-
-
-def partition_of(window_end: int, partition: int, start: int = 0) -> int:
-    """The start of the event-time partition holding a window result (`end - 1`)."""
-    return (window_end - 1) - ((window_end - 1 - start) % partition)

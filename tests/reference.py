@@ -85,9 +85,7 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
             pieces_by_key: dict = {}
             for e in events:
                 s, en = assign(w, e["_t"], _gap(w, e))[0]
-                ok = en + L > w_prev or any(
-                    k[0] == e["_key"] and k[1] <= en and s <= k[2] for k in old
-                )
+                ok = en + L > w_prev or any(k[0] == e["_key"] and k[1] <= en and s <= k[2] for k in old)
                 if not ok:
                     wc["late"] += 1
                     st.dead.append(("late", w.name, e))
@@ -115,7 +113,9 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
         rows = []
         for k, p in state.items():
             if k[2] <= w_new and (k in touched or k[2] > w_prev):
-                rows.append({"key": k[0], "window_start": k[1], "window_end": k[2], **py_finalize(w, p), "retract": False})
+                rows.append(
+                    {"key": k[0], "window_start": k[1], "window_end": k[2], **py_finalize(w, p), "retract": False}
+                )
         for k in retracted:
             rows.append({"key": k[0], "window_start": k[1], "window_end": k[2], "retract": True})
         view = st.view.setdefault(w.name, {})

@@ -102,7 +102,9 @@ def close(got: float | None, want: float | None) -> bool:
 
 def same_float(a: float | None, b: float | None) -> bool:
     """Equal, and the same sign for zeros (a -0.0 stored must show)."""
-    return a == b and (a is None or a != 0 or math.copysign(1, a) == math.copysign(1, b))
+    if a is None or b is None:
+        return a == b
+    return a == b and (a != 0 or math.copysign(1, a) == math.copysign(1, b))
 
 
 # ------------------------------------------------------------------ produce: JSON lines
@@ -380,6 +382,7 @@ def test_the_kernel_sets_aside_what_it_cannot_process_and_commits_the_rest(
 
     out = engine.process(store, spec, spark)
     m = out.manifest
+    assert m is not None
     assert out.committed == [1] and m.watermark == INF
     errors = sum(1 for *_, why in HAND if why and why.startswith("error"))
     assert m.totals.malformed == errors + 1 and m.totals.duplicate == 1

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import run_wire
 
+from conftest import run_wire
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import load_pipeline
 
@@ -63,7 +63,11 @@ def _assert_one_line_error(name: str, p: subprocess.CompletedProcess, code: int,
 
 
 def test_bad_input_exits_2_and_writes_nothing(
-    store: ObjectStore, cli_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    store: ObjectStore,
+    cli_env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every case through the CLI's `main` in-process (cheap), and the ones marked * also as real
     `wire` processes: exit 2, exactly one line on stderr, no traceback, the bucket unchanged."""
@@ -97,19 +101,38 @@ def test_bad_input_exits_2_and_writes_nothing(
         "*pipeline name ../x": (produce(str(good), pipeline="../x"), ["--pipeline", "bad name"]),
         "segment with a slash": (produce(str(good), "--segment", "a/b"), ["--segment", "bad name"]),
         "segment ..": (produce(str(good), "--segment", ".."), ["--segment", "bad name"]),
-        "*unknown window": (["read", "--pipeline", "clicks", "--window", "nope"], ["--window", "nope", "clicks_per_minute"]),
-        "*pipeline file with a bad window type": (produce(str(good), pipeline=str(tmp_path / "bad.yaml")), ["windows.clicks_per_minute.type", "hopping"]),
+        "*unknown window": (
+            ["read", "--pipeline", "clicks", "--window", "nope"],
+            ["--window", "nope", "clicks_per_minute"],
+        ),
+        "*pipeline file with a bad window type": (
+            produce(str(good), pipeline=str(tmp_path / "bad.yaml")),
+            ["windows.clicks_per_minute.type", "hopping"],
+        ),
         "pipeline file with bad YAML": (produce(str(good), pipeline=str(tmp_path / "syntax.yaml")), ["invalid YAML"]),
-        "pipeline file missing": (produce(str(good), pipeline=str(tmp_path / "missing.yaml")), ["--pipeline", "no such file"]),
+        "pipeline file missing": (
+            produce(str(good), pipeline=str(tmp_path / "missing.yaml")),
+            ["--pipeline", "no such file"],
+        ),
         "unknown pipeline name": (produce(str(good), pipeline="nosuch"), ["--pipeline", "nosuch"]),
         "negative --chunk-rows": (produce(str(good), "--chunk-rows", "-1"), ["--chunk-rows"]),
         # Several files in one command: a bad one (even the last) means none is appended.
-        "*good file then a missing one": (produce(str(good), "--file", str(tmp_path / "nope.jsonl")), ["--file", "no such file"]),
-        "good file then an empty one": (produce(str(good), "--file", str(tmp_path / "empty.jsonl"), "--segment", "a", "--segment", "b"),
-                                        ["--file", "empty"]),
-        "two segments for three files": (produce(str(good), "--file", str(good), "--file", str(good), "--segment", "a", "--segment", "b"),
-                                         ["--segment", "3 files, 2 segments"]),
-        "second segment bad": (produce(str(good), "--file", str(good), "--segment", "a", "--segment", "b/c"), ["--segment", "bad name"]),
+        "*good file then a missing one": (
+            produce(str(good), "--file", str(tmp_path / "nope.jsonl")),
+            ["--file", "no such file"],
+        ),
+        "good file then an empty one": (
+            produce(str(good), "--file", str(tmp_path / "empty.jsonl"), "--segment", "a", "--segment", "b"),
+            ["--file", "empty"],
+        ),
+        "two segments for three files": (
+            produce(str(good), "--file", str(good), "--file", str(good), "--segment", "a", "--segment", "b"),
+            ["--segment", "3 files, 2 segments"],
+        ),
+        "second segment bad": (
+            produce(str(good), "--file", str(good), "--segment", "a", "--segment", "b/c"),
+            ["--segment", "bad name"],
+        ),
     }
     before = _keys(store)
     monkeypatch.setenv("WIRE_PIPELINES", cli_env["WIRE_PIPELINES"])
@@ -132,7 +155,7 @@ def test_one_produce_command_appends_several_files(store: ObjectStore, cli_env: 
     files = [_jsonl(tmp_path / "a.jsonl", a), _jsonl(tmp_path / "b1.jsonl", b1)]
     pq.write_table(pa.Table.from_pylist(b2), tmp_path / "b2.parquet")
     args = ["produce", "--pipeline", "clicks", "--chunk-rows", "2"]
-    for f, seg in zip([*files, tmp_path / "b2.parquet"], ["a", "b", "b"]):
+    for f, seg in zip([*files, tmp_path / "b2.parquet"], ["a", "b", "b"], strict=True):
         args += ["--file", str(f), "--segment", seg]
     p = run_wire(args, cli_env, check=True)
     assert p.stdout.splitlines() == [
@@ -145,7 +168,10 @@ def test_one_produce_command_appends_several_files(store: ObjectStore, cli_env: 
     for seg, want in (("a", a), ("b", b1 + b2)):
         chunks = views[seg].chunks
         assert [c.seq for c in chunks] == list(range(len(chunks)))
-        got = [r for c in chunks for r in pq.read_table(pa.BufferReader(store.get(c.data_key))).to_pylist()]
+        got = []
+        for c in chunks:
+            assert c.data_key is not None, (seg, c.seq)  # no malformed record: every chunk holds data
+            got += pq.read_table(pa.BufferReader(store.get(c.data_key))).to_pylist()
         assert [(r["_t"], r["_id"]) for r in got] == [(e["ts"], e["event_id"]) for e in want], seg
 
 
@@ -158,11 +184,18 @@ def test_dead_letters_through_wire_dlq(store: ObjectStore, cli_env: dict[str, st
     big = json.dumps(_event(2, note="n" * 250))
     recs = [_event(0), _event(1, ts="yesterday"), big, _event(3), _event(4, ts="2026-01-01T00:00:04Z")]
     f = _jsonl(tmp_path / "mixed.jsonl", recs)
-    p = run_wire(["produce", "--pipeline", str(pipe), "--file", str(f), "--segment", "s7", "--chunk-rows", "2"], cli_env, check=True)
+    p = run_wire(
+        ["produce", "--pipeline", str(pipe), "--file", str(f), "--segment", "s7", "--chunk-rows", "2"],
+        cli_env,
+        check=True,
+    )
     assert "appended 3 events in 3 chunks" in p.stdout and "2 malformed" in p.stdout
     p = run_wire(["dlq", "--pipeline", str(pipe), "--format", "jsonl"], cli_env, check=True)
     rows = sorted((json.loads(line) for line in p.stdout.splitlines()), key=lambda d: (d["chunk"], d["row"]))
-    assert [(d["stream"], d["segment"], d["chunk"], d["row"]) for d in rows] == [("clicks", "s7", 0, 1), ("clicks", "s7", 1, 0)]
+    assert [(d["stream"], d["segment"], d["chunk"], d["row"]) for d in rows] == [
+        ("clicks", "s7", 0, 1),
+        ("clicks", "s7", 1, 0),
+    ]
     assert rows[0]["reason"].startswith("malformed: non-numeric time field ts")
     assert rows[1]["reason"] == "malformed: record larger than 200 bytes"
     assert rows[0]["record"] == json.dumps(recs[1]) and rows[1]["record"] == big
@@ -173,7 +206,9 @@ def test_dead_letters_through_wire_dlq(store: ObjectStore, cli_env: dict[str, st
     assert st["pending_chunks"] == 3
 
 
-def test_the_secret_never_reaches_output_or_the_bucket(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_the_secret_never_reaches_output_or_the_bucket(
+    store: ObjectStore, cli_env: dict[str, str], tmp_path: Path
+) -> None:
     secret = cli_env["WIRE_S3_SECRET_KEY"]
     access = cli_env["WIRE_S3_ACCESS_KEY"]
     assert len(secret) >= 16
@@ -185,7 +220,11 @@ def test_the_secret_never_reaches_output_or_the_bucket(store: ObjectStore, cli_e
         "status": (["status", "--pipeline", "clicks"], cli_env, 0),
         "dlq jsonl": (["dlq", "--pipeline", "clicks", "--format", "jsonl"], cli_env, 0),
         "close": (["close", "--pipeline", "clicks"], cli_env, 0),
-        "produce with a wrong secret": (["produce", "--pipeline", "clicks", "--file", str(f), "--segment", "w"], wrong, 1),
+        "produce with a wrong secret": (
+            ["produce", "--pipeline", "clicks", "--file", str(f), "--segment", "w"],
+            wrong,
+            1,
+        ),
         "endpoint without a scheme": (["status", "--pipeline", "clicks"], no_scheme, 2),
     }
     ordered = ["produce", "status", "dlq jsonl", "close"]  # in order: they build on each other

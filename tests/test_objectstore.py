@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from dataclasses import replace
+from typing import TypedDict, Unpack
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +27,13 @@ def proxy(store: ObjectStore):
     p.close()
 
 
-def _via(proxy: FaultProxy, store: ObjectStore, **kw: float) -> ObjectStore:
+class _Retries(TypedDict, total=False):
+    retry_budget: float
+    backoff_initial: float
+    backoff_cap: float
+
+
+def _via(proxy: FaultProxy, store: ObjectStore, **kw: Unpack[_Retries]) -> ObjectStore:
     return ObjectStore(replace(store.cfg, endpoint=proxy.endpoint), **kw)
 
 
@@ -36,6 +43,7 @@ def test_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert S3Config.from_env() is None
     env = {"WIRE_S3_ENDPOINT": "http://127.0.0.1:9000/", "WIRE_S3_ACCESS_KEY": "ak", "WIRE_S3_SECRET_KEY": "sk"}
     cfg = S3Config.from_env(env)
+    assert cfg is not None
     assert cfg == S3Config("http://127.0.0.1:9000", "ak", "sk", "wire", "us-east-1")
     assert S3Config.from_env(cfg.export_env()) == cfg
     assert cfg.host_port == "127.0.0.1:9000"
@@ -140,7 +148,8 @@ def test_delete_many(store: ObjectStore) -> None:
 def test_copy_inside_the_store_if_the_source_is_unchanged(store: ObjectStore) -> None:
     etag = store.put("c/src", b"payload")
     assert store.copy("c/src", "c/dst", if_match=etag) is True
-    assert store.get("c/dst") == b"payload" and store.head("c/dst").etag == etag
+    info = store.head("c/dst")
+    assert store.get("c/dst") == b"payload" and info is not None and info.etag == etag
     store.put("c/src", b"changed")
     assert store.copy("c/src", "c/dst2", if_match=etag) is False  # the precondition failed: nothing written
     assert not store.exists("c/dst2") and store.get("c/dst") == b"payload"
@@ -164,25 +173,31 @@ def test_create_if_absent(store: ObjectStore) -> None:
     assert store.get("m/_COMMITTED") == b"run-3"
 
 
+def _race_create(store: ObjectStore, key: str, n: int) -> dict[int, str]:
+    """`n` threads released together each try create_if_absent(key): thread -> "won" or "lost"."""
+    barrier = threading.Barrier(n)
+    results: dict[int, str] = {}
+
+    def attempt(i: int) -> None:
+        barrier.wait()
+        try:
+            store.create_if_absent(key, f"run-{i}".encode())
+            results[i] = "won"
+        except ObjectExists:
+            results[i] = "lost"
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def test_create_if_absent_race_has_one_winner(store: ObjectStore) -> None:
     for trial in range(3):
         key = f"race/{trial}/_COMMITTED"
-        barrier = threading.Barrier(8)
-        results: dict[int, str] = {}
-
-        def attempt(i: int) -> None:
-            barrier.wait()
-            try:
-                store.create_if_absent(key, f"run-{i}".encode())
-                results[i] = "won"
-            except ObjectExists:
-                results[i] = "lost"
-
-        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = _race_create(store, key, 8)
         winners = [i for i, r in results.items() if r == "won"]
         assert len(results) == 8 and len(winners) == 1
         assert store.get(key) == f"run-{winners[0]}".encode()

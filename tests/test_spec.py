@@ -27,7 +27,8 @@ lateness: {allowed: 30s}
 partition: 5m
 start: "2026-01-01T00:00:00Z"
 windows:
-  - {name: clicks_per_minute, type: tumbling, size: 1m, aggregates: {events: count, total: sum(amount), top: max(amount)}}
+  - {name: clicks_per_minute, type: tumbling, size: 1m,
+     aggregates: {events: count, total: sum(amount), top: max(amount)}}
   - {name: clicks_5m_every_1m, type: sliding, size: 5m, slide: 1m, aggregates: {events: count, mean: avg(amount)}}
   - {name: sessions, type: session, gap: 30s, aggregates: {events: count, total: sum(amount)}}
 """
@@ -36,7 +37,13 @@ windows:
 
 def test_design_example_parses() -> None:
     p = pipeline_from_dict(copy.deepcopy(BASE))
-    assert (p.name, p.stream, p.key_field, p.time_field, p.id_field) == ("clicks", "clicks", "user_id", "ts", "event_id")
+    assert (p.name, p.stream, p.key_field, p.time_field, p.id_field) == (
+        "clicks",
+        "clicks",
+        "user_id",
+        "ts",
+        "event_id",
+    )
     assert (p.max_out_of_orderness, p.idle_timeout, p.allowed_lateness, p.partition) == (5_000, 60_000, 30_000, 300_000)
     assert p.start == 1_767_225_600_000  # 2026-01-01T00:00:00Z
     tumbling, sliding, session = p.windows
@@ -44,7 +51,9 @@ def test_design_example_parses() -> None:
     assert (sliding.type, sliding.size, sliding.slide) == ("sliding", 300_000, 60_000)
     assert (session.type, session.gap) == ("session", 30_000)
     assert [(a.name, a.func, a.field) for a in tumbling.aggregates] == [
-        ("events", "count", None), ("total", "sum", "amount"), ("top", "max", "amount")
+        ("events", "count", None),
+        ("total", "sum", "amount"),
+        ("top", "max", "amount"),
     ]
     assert p.numeric_fields == ["amount"] and field_column("amount") == "f_amount"
     # Where the file lives is not part of the results' fingerprint; a result-relevant change is.
@@ -87,14 +96,22 @@ def _agg(value: Any) -> Callable[[dict], None]:
 
 
 # (mutation of clicks.yaml, the field the message must name, another word it must contain)
-MISTAKES: dict[str, tuple[Callable[[dict], None], str, str]] = {
+MISTAKES: dict[str, tuple[Callable[[dict], object], str, str]] = {
     "unknown window type": (_set("windows", 0, "type", value="hopping"), "windows.clicks_per_minute.type", "hopping"),
     "slide > size": (_set("windows", 1, "slide", value="10m"), "windows.clicks_5m_every_1m.slide", "size"),
-    "size not a multiple of slide": (_set("windows", 1, "size", value="150s"), "windows.clicks_5m_every_1m.size", "multiple"),
+    "size not a multiple of slide": (
+        _set("windows", 1, "size", value="150s"),
+        "windows.clicks_5m_every_1m.size",
+        "multiple",
+    ),
     "bad duration": (_set("windows", 0, "size", value="5 minutes"), "windows.clicks_per_minute.size", "duration"),
     "negative duration": (_set("windows", 0, "size", value="-5s"), "windows.clicks_per_minute.size", "duration"),
     "zero size": (_set("windows", 0, "size", value=0), "windows.clicks_per_minute.size", "> 0"),
-    "boolean duration": (_set("watermark", "max_out_of_orderness", value=True), "watermark.max_out_of_orderness", "duration"),
+    "boolean duration": (
+        _set("watermark", "max_out_of_orderness", value=True),
+        "watermark.max_out_of_orderness",
+        "duration",
+    ),
     "bad lateness": (_set("lateness", "allowed", value="soon"), "lateness.allowed", "duration"),
     "fractional duration": (_set("watermark", "idle_timeout", value="1.5s"), "watermark.idle_timeout", "duration"),
     "unknown aggregate": (_agg("median(amount)"), "windows.clicks_per_minute.aggregates.x", "median"),
@@ -102,7 +119,11 @@ MISTAKES: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "avg without field": (_agg("avg"), "windows.clicks_per_minute.aggregates.x", "needs a field"),
     "count with a field": (_agg("count(amount)"), "windows.clicks_per_minute.aggregates.x", "count"),
     "aggregate not a string": (_agg(5), "windows.clicks_per_minute.aggregates.x", "aggregate"),
-    "aggregate output named key": (_set("windows", 0, "aggregates", value={"key": "count"}), "windows.clicks_per_minute.aggregates", "key"),
+    "aggregate output named key": (
+        _set("windows", 0, "aggregates", value={"key": "count"}),
+        "windows.clicks_per_minute.aggregates",
+        "key",
+    ),
     "no aggregates": (_set("windows", 0, "aggregates", value={}), "windows.clicks_per_minute.aggregates", "missing"),
     "partition not a multiple of size": (_set("partition", value="90s"), "partition", "clicks_per_minute"),
     "partition not a multiple of slide": (

@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -77,7 +78,7 @@ def test_append_and_read_two_segments_by_offsets(store: ObjectStore, spec: Pipel
         chunks = views[seg].chunks
         assert [c.seq for c in chunks] == list(range(len(slices)))
         assert views[seg].sealed_at is None
-        for c, recs in zip(chunks, slices):
+        for c, recs in zip(chunks, slices, strict=True):
             assert (c.stream, c.segment, c.rows, c.malformed, c.dlq_key) == (spec.stream, seg, len(recs), 0, None)
             assert c.min_t == min(r["ts"] for r in recs) and c.max_t == max(r["ts"] for r in recs)
             assert before <= c.ingest_ms <= after
@@ -100,18 +101,23 @@ def test_append_and_read_two_segments_by_offsets(store: ObjectStore, spec: Pipel
 
 def test_read_stops_at_a_gap(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
     """A reader never skips a sequence: with chunk 1's claim missing it reads up to chunk 0 only."""
-    streams.produce(store, spec, write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(6)]), chunk_rows=2)
+    streams.produce(
+        store, spec, write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(6)]), chunk_rows=2
+    )
     store.delete(streams.index_key(spec.stream, "0", 1))
     assert [c.seq for c in streams.read_stream(store, spec.stream, {})["0"].chunks] == [0]
     assert [c.seq for c in streams.read_stream(store, spec.stream, {"0": 2})["0"].chunks] == [2]
 
 
-def test_index_objects_are_read_once_per_process_and_by_content(store: ObjectStore, spec: Pipeline, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_index_objects_are_read_once_per_process_and_by_content(
+    store: ObjectStore, spec: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reader of the stream reads each chunk's index object once in a process (the sensor, then
     the run of one `wire tick`): the listing's ETag keys what was read, so an index object whose
     content differs (rewritten by hand here; claimed chunks never change) is read again."""
-    streams.produce(store, spec, write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(6)]), chunk_rows=2)
+    streams.produce(
+        store, spec, write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(6)]), chunk_rows=2
+    )
     gets: list[str] = []
     real_get = ObjectStore.get
     monkeypatch.setattr(ObjectStore, "get", lambda self, key: gets.append(key) or real_get(self, key))
@@ -172,7 +178,9 @@ def test_close_stream_seals_every_segment(store: ObjectStore, spec: Pipeline, tm
     assert sorted(o.key for o in store.list("")) == keys  # nothing written, not even a data file
 
 
-def test_a_segment_sealed_during_a_produce_stops_it_at_the_next_claim(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
+def test_a_segment_sealed_during_a_produce_stops_it_at_the_next_claim(
+    store: ObjectStore, spec: Pipeline, tmp_path: Path
+) -> None:
     """Only a producer's first chunk checks the seal before writing; every claim checks it after.
     Sealed after chunk 1: chunk 2 is written and claimed beyond the seal, reported, and the
     produce stops there (nothing of chunks 3..4)."""
@@ -189,7 +197,9 @@ def test_a_segment_sealed_during_a_produce_stops_it_at_the_next_claim(store: Obj
     assert streams.last_seq(store, spec.stream, "s") == 2  # the chunk claimed after the seal, and no later one
 
 
-def test_produce_to_a_sealed_segment_via_cli_exits_2(store: ObjectStore, spec: Pipeline, cli_env, tmp_path: Path) -> None:
+def test_produce_to_a_sealed_segment_via_cli_exits_2(
+    store: ObjectStore, spec: Pipeline, cli_env, tmp_path: Path
+) -> None:
     from conftest import run_wire
 
     f = write_jsonl(tmp_path / "x.jsonl", [event(i, T(spec, i)) for i in range(3)])
@@ -204,18 +214,21 @@ def test_produce_to_a_sealed_segment_via_cli_exits_2(store: ObjectStore, spec: P
 
 
 # ------------------------------------------------------ concurrent producers
-def _check_segment_exactly_once(store: ObjectStore, spec: Pipeline, seg: str, expect_ids: list[str], n_chunks: int) -> None:
+def _check_segment_exactly_once(
+    store: ObjectStore, spec: Pipeline, seg: str, expect_ids: list[str], n_chunks: int
+) -> None:
     """Gapless 0..n-1, every data file referenced once, every event id present exactly once."""
     seg_prefix = streams.segment_prefix(spec.stream, seg)
     index = sorted(o.key for o in store.list(seg_prefix + "index/"))
     assert index == [streams.index_key(spec.stream, seg, s) for s in range(n_chunks)]
     chunks = streams.read_stream(store, spec.stream, {})[seg].chunks
     assert [c.seq for c in chunks] == list(range(n_chunks))
-    data_keys = [c.data_key for c in chunks]
-    assert len(set(data_keys)) == n_chunks  # no chunk overwrote another's claim
+    data_keys = [c.data_key for c in chunks if c.data_key is not None]
+    assert len(set(data_keys)) == n_chunks  # every chunk has data; none overwrote another's claim
     assert sorted(o.key for o in store.list(seg_prefix + "data/")) == sorted(data_keys)
     ids = Counter()
     for c in chunks:
+        assert c.data_key is not None
         t = pq.read_table(io.BytesIO(store.get(c.data_key)))
         assert t.num_rows == c.rows
         ids.update(t.column("_id").to_pylist())
@@ -225,7 +238,8 @@ def _check_segment_exactly_once(store: ObjectStore, spec: Pipeline, seg: str, ex
 def test_two_producer_threads_on_one_segment(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
     n, size = 400, 50  # 8 chunks each
     files = [
-        write_jsonl(tmp_path / f"p{p}.jsonl", [event(i, T(spec, i), prefix=f"p{p}-") for i in range(n)]) for p in range(2)
+        write_jsonl(tmp_path / f"p{p}.jsonl", [event(i, T(spec, i), prefix=f"p{p}-") for i in range(n)])
+        for p in range(2)
     ]
     barrier = threading.Barrier(2)
     reports: dict[int, streams.ProduceReport] = {}
@@ -235,7 +249,7 @@ def test_two_producer_threads_on_one_segment(store: ObjectStore, spec: Pipeline,
         try:
             barrier.wait(timeout=30)
             reports[p] = streams.produce(store, spec, files[p], segment="0", chunk_rows=size)
-        except BaseException as e:  # noqa: BLE001 - surfaced by the assertion below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(p,)) for p in range(2)]
@@ -250,9 +264,7 @@ def test_two_producer_threads_on_one_segment(store: ObjectStore, spec: Pipeline,
     for p in range(2):
         got = [r["_id"] for s in reports[p].chunks for r in chunk_data(store, chunks[s])]
         assert got == [f"p{p}-{i}" for i in range(n)]
-    _check_segment_exactly_once(
-        store, spec, "0", [f"p{p}-{i}" for p in range(2) for i in range(n)], n_chunks=16
-    )
+    _check_segment_exactly_once(store, spec, "0", [f"p{p}-{i}" for p in range(2) for i in range(n)], n_chunks=16)
 
 
 def test_a_producer_with_a_stale_view_takes_the_next_free_sequence(
@@ -277,13 +289,18 @@ def test_two_wire_produce_processes_on_one_segment(store: ObjectStore, spec: Pip
 
     n = 3_000  # chunk-rows 250: 12 chunks each
     files = [
-        write_jsonl(tmp_path / f"c{p}.jsonl", [event(i, T(spec, i), prefix=f"c{p}-") for i in range(n)]) for p in range(2)
+        write_jsonl(tmp_path / f"c{p}.jsonl", [event(i, T(spec, i), prefix=f"c{p}-") for i in range(n)])
+        for p in range(2)
     ]
     exe = shutil.which("wire", path=str(Path(sys.executable).parent))
+    assert exe is not None, "no `wire` beside the interpreter"
     procs = [
         subprocess.Popen(
             [exe, "produce", "--pipeline", "clicks", "--file", str(f), "--segment", "0", "--chunk-rows", "250"],
-            env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=cli_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for f in files
     ]
@@ -294,7 +311,7 @@ def test_two_wire_produce_processes_on_one_segment(store: ObjectStore, spec: Pip
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (so, se) in zip(procs, outs):
+    for p, (so, se) in zip(procs, outs, strict=True):
         assert p.returncode == 0, se
         assert f"appended {n} events in 12 chunks" in so
     _check_segment_exactly_once(store, spec, "0", [f"c{p}-{i}" for p in range(2) for i in range(n)], n_chunks=24)
@@ -318,7 +335,9 @@ def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStor
     def line(d: dict) -> bytes:
         return json.dumps(d).encode()
 
-    ok = lambda i, **kw: line({**event(i, t0 + i), **kw})
+    def ok(i: int, **kw: object) -> bytes:
+        return line({**event(i, t0 + i), **kw})
+
     # (line, expected reason prefix or None for a valid record, expected event time if valid)
     cases: list[tuple[bytes, str | None, int | None]] = [
         (ok(0), None, t0 + 0),  # first record, after the BOM: valid
@@ -333,7 +352,11 @@ def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStor
         (ok(9, amount="x"), "malformed: field amount has wrong type", None),
         (ok(10, user_id={"a": 1}), "malformed: key field user_id has wrong type", None),
         (b"", "malformed: empty line", None),
-        (b'{"ts": ' + str(t0).encode() + b', "user_id": "\xff\xfe", "event_id": "x12"}', "malformed: invalid UTF-8", None),
+        (
+            b'{"ts": ' + str(t0).encode() + b', "user_id": "\xff\xfe", "event_id": "x12"}',
+            "malformed: invalid UTF-8",
+            None,
+        ),
         (ok(13, pad="p" * 300), "malformed: record larger than 200 bytes", None),
         (ok(14, ts=iso_z), None, t0 + 1_234),
         (ok(15, ts=iso_plus2), None, t0 + 3_600_000),
@@ -395,7 +418,11 @@ def test_parquet_input_good_and_bad_rows(store: ObjectStore, spec: Pipeline, tmp
     assert (rep.events, rep.malformed, rep.chunks) == (3, 2, [0, 1])
     dl = sorted((d["chunk"], d["row"], d["reason"]) for d in streams.iter_dead_letters(store, spec.stream))
     assert dl == [(0, 1, "malformed: null time field ts"), (1, 0, "malformed: time out of range in ts")]
-    rows = [(c.seq, r["_row"], r["_t"], r["_id"], r["f_amount"]) for c in all_chunks(store, spec.stream)["pq"] for r in chunk_data(store, c)]
+    rows = [
+        (c.seq, r["_row"], r["_t"], r["_id"], r["f_amount"])
+        for c in all_chunks(store, spec.stream)["pq"]
+        for r in chunk_data(store, c)
+    ]
     assert rows == [(0, 0, t0, "q0", 1.0), (0, 2, t0 + 2, "q2", None), (1, 1, t0 + 4, "q4", 5.5)]
 
     # A zoned Parquet timestamp column and integer keys/ids are accepted as they are.
@@ -410,7 +437,10 @@ def test_parquet_input_good_and_bad_rows(store: ObjectStore, spec: Pipeline, tmp
     pq.write_table(tz, tmp_path / "tz.parquet")
     rep = streams.produce(store, spec, tmp_path / "tz.parquet", segment="tz")
     assert (rep.events, rep.malformed) == (2, 0)
-    got = [(r["_t"], r["_key"], r["_id"], r["f_amount"]) for r in chunk_data(store, all_chunks(store, spec.stream)["tz"][0])]
+    got = [
+        (r["_t"], r["_key"], r["_id"], r["f_amount"])
+        for r in chunk_data(store, all_chunks(store, spec.stream)["tz"][0])
+    ]
     assert got == [(t0, "7", "70", 1.0), (t0 + 1, "8", "80", 2.0)]
 
 
@@ -424,7 +454,10 @@ def test_200k_events_produce_correctly(store: ObjectStore, spec: Pipeline, tmp_p
             if i == bad_at:
                 f.write('{"ts": "soon", "user_id": "u", "event_id": "bad"}\n')
             else:
-                f.write(f'{{"ts": {spec.start + (i * 37) % 3_600_000}, "user_id": "u{i % 97}", "event_id": "b{i}", "amount": {i % 10}}}\n')
+                f.write(
+                    f'{{"ts": {spec.start + (i * 37) % 3_600_000}, "user_id": "u{i % 97}", '
+                    f'"event_id": "b{i}", "amount": {i % 10}}}\n'
+                )
     rep = streams.produce(store, spec, path, chunk_rows=size)
     assert (rep.events, rep.malformed, rep.chunks) == (n - 1, 1, [0, 1, 2, 3])
     [d] = list(streams.iter_dead_letters(store, spec.stream))
@@ -433,6 +466,7 @@ def test_200k_events_produce_correctly(store: ObjectStore, spec: Pipeline, tmp_p
     ids: set[str] = set()
     amount_sum = 0.0
     for c in all_chunks(store, spec.stream)["0"]:
+        assert c.data_key is not None
         t = pq.read_table(io.BytesIO(store.get(c.data_key)))
         lo = c.seq * size
         times = [spec.start + (i * 37) % 3_600_000 for i in range(lo, lo + size) if i != bad_at]
@@ -446,9 +480,11 @@ def test_200k_events_produce_correctly(store: ObjectStore, spec: Pipeline, tmp_p
 
 # ------------------------------------------------------------ Parquet: typed columns vs JSON lines
 TYPED_SPEC = {
-    "name": "typed", "stream": "typed",
+    "name": "typed",
+    "stream": "typed",
     "event": {"key": "k", "time": "ts", "id": "eid"},
-    "partition": "1m", "start": "2026-01-01T00:00:00Z",
+    "partition": "1m",
+    "start": "2026-01-01T00:00:00Z",
     "limits": {"max_record_bytes": 300},
     "windows": [
         {"name": "tum", "type": "tumbling", "size": "1m", "aggregates": {"s": "sum(v)", "d": "count_distinct(u)"}},
@@ -457,7 +493,7 @@ TYPED_SPEC = {
 }
 
 
-def _plain(t: pa.Table):
+def _plain(t: pa.Table) -> tuple[pa.Schema, list[dict[str, Any]]]:
     """A table as (schema, rows) with NaN made comparable."""
     import math
 
@@ -488,7 +524,10 @@ def _typed_cases(spec: Pipeline, seed: int) -> pa.Table:
 
     def column(kind: str, times: bool = False):
         if kind == "int64" and times:  # mostly valid times, so that the later checks are reached
-            vals = [t0 + rng.randrange(10**6) if rng.random() < 0.8 else rng.choice([spec.start - 1, t0 * 10**6, None]) for _ in range(n)]
+            vals = [
+                t0 + rng.randrange(10**6) if rng.random() < 0.8 else rng.choice([spec.start - 1, t0 * 10**6, None])
+                for _ in range(n)
+            ]
             return pa.array(vals, pa.int64())
         if kind == "int64":
             return pa.array([rng.choice(ints) for _ in range(n)], pa.int64())
@@ -497,11 +536,20 @@ def _typed_cases(spec: Pipeline, seed: int) -> pa.Table:
         if kind == "int16":
             return pa.array([rng.choice([1, -2, None]) for _ in range(n)], pa.int16())
         if kind == "float64":
-            return pa.array([rng.choice(floats + ([float(t0), t0 + 0.5] if times else [])) for _ in range(n)], pa.float64())
+            return pa.array(
+                [rng.choice(floats + ([float(t0), t0 + 0.5] if times else [])) for _ in range(n)], pa.float64()
+            )
         if kind == "string" and times:
             bad = ["2026-01-02T00:00:00", "2026-01-02 00:00:00Z", "soon", None, ""]
-            return pa.array([(iso + timedelta(seconds=rng.randrange(3600))).isoformat() if rng.random() < 0.7 else rng.choice(bad)
-                             for _ in range(n)], pa.string())
+            return pa.array(
+                [
+                    (iso + timedelta(seconds=rng.randrange(3600))).isoformat()
+                    if rng.random() < 0.7
+                    else rng.choice(bad)
+                    for _ in range(n)
+                ],
+                pa.string(),
+            )
         if kind == "string":
             return pa.array([rng.choice(texts) for _ in range(n)], pa.string())
         if kind == "large_string":
@@ -531,17 +579,23 @@ def test_parquet_typed_columns_give_what_json_lines_give() -> None:
     spec = pipeline_from_dict(TYPED_SPEC)
     ingest = now_ms()
     t0 = spec.start + 86_400_000
-    edge = pa.table({
-        "ts": pa.array([t0, t0 + 1, None, t0 + 3, spec.start - 1, t0 + 5, t0 + 6, t0 + 7, t0 + 8, t0 + 9], pa.int64()),
-        "k": pa.array(["a", None, "b", 'c"', "d", "é", "", "x", "y", "z"]),
-        "eid": pa.array([1, 2, 3, -4, 5, 2**62, 7, 8, 9, 10], pa.int64()),
-        "v": pa.array([1.5, 3.0, None, float("nan"), 1e20, -0.0, float("inf"), 2.0, 5e-324, 7.25]),
-        "u": pa.array(["p", "q", None, "p", "", "r", "s", "t", "u", "v"]),
-        "g": pa.array([1000, 0, -5, None, 10, 20, 30, 40, 50, 60], pa.int64()),
-        "pad": pa.array(["", "", "", "", "", "", "", "", "p" * 400, '"' * 60]),  # larger than 300 bytes once in JSON
-        "flag": pa.array([True, False, None, True, True, True, True, True, True, True]),
-        "nothing": pa.nulls(10),
-    })
+    edge = pa.table(
+        {
+            "ts": pa.array(
+                [t0, t0 + 1, None, t0 + 3, spec.start - 1, t0 + 5, t0 + 6, t0 + 7, t0 + 8, t0 + 9], pa.int64()
+            ),
+            "k": pa.array(["a", None, "b", 'c"', "d", "é", "", "x", "y", "z"]),
+            "eid": pa.array([1, 2, 3, -4, 5, 2**62, 7, 8, 9, 10], pa.int64()),
+            "v": pa.array([1.5, 3.0, None, float("nan"), 1e20, -0.0, float("inf"), 2.0, 5e-324, 7.25]),
+            "u": pa.array(["p", "q", None, "p", "", "r", "s", "t", "u", "v"]),
+            "g": pa.array([1000, 0, -5, None, 10, 20, 30, 40, 50, 60], pa.int64()),
+            "pad": pa.array(
+                ["", "", "", "", "", "", "", "", "p" * 400, '"' * 60]
+            ),  # larger than 300 bytes once in JSON
+            "flag": pa.array([True, False, None, True, True, True, True, True, True, True]),
+            "nothing": pa.nulls(10),
+        }
+    )
     assert streams.typed_columns(spec, edge.schema)
     typed, via_json = _both_paths(spec, edge, ingest)
     assert typed == via_json, (typed, via_json)
@@ -573,8 +627,10 @@ def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
     def pick(kinds: list[str], nulls: bool, number: bool = False):
         """A column of one of `kinds`; `number`: values within the aggregates' domain (|x| <= 2^53, finite)."""
         kind = rng.choice(kinds)
+
         def v(x):
             return None if nulls and rng.random() < 0.2 else x
+
         if kind == "absent":
             return None
         if kind == "null":
@@ -588,10 +644,17 @@ def _valid_typed_table(spec: Pipeline, seed: int) -> pa.Table:
             ty, top = rng.choice([(pa.int64(), 2**53), (pa.int32(), 2**31 - 1)])
             return pa.array([v(rng.choice([1, 10_000, top])) for _ in range(n)], ty)
         if kind == "float64" and number:
-            return pa.array([v(rng.choice([0.5, -0.0, 5e-324, -(2.0**53), 2.0**53, 123456.789])) for _ in range(n)], pa.float64())
+            return pa.array(
+                [v(rng.choice([0.5, -0.0, 5e-324, -(2.0**53), 2.0**53, 123456.789])) for _ in range(n)], pa.float64()
+            )
         if kind == "float64":
-            return pa.array([v(rng.choice([0.5, -0.0, 1e20, 5e-324, float("nan"), float("inf"), 2.0**60])) for _ in range(n)], pa.float64())
-        return pa.array([v(rng.choice(texts)) for _ in range(n)], pa.large_string() if kind == "large_string" else pa.string())
+            return pa.array(
+                [v(rng.choice([0.5, -0.0, 1e20, 5e-324, float("nan"), float("inf"), 2.0**60])) for _ in range(n)],
+                pa.float64(),
+            )
+        return pa.array(
+            [v(rng.choice(texts)) for _ in range(n)], pa.large_string() if kind == "large_string" else pa.string()
+        )
 
     cols = {"ts": pa.array([t0 + rng.randrange(10**6) for _ in range(n)], rng.choice([pa.int64(), pa.uint64()]))}
     cols["k"] = pick(["int64", "int16", "string", "large_string"], nulls=False)
@@ -622,8 +685,16 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
         sql_valid = streams._validate(spec, "src", src, ingest, typed=t.schema)[0]
         assert typed[0] == _plain(sql_valid)
     t0 = spec.start + 86_400_000
-    good = pa.table({"ts": pa.array([t0, t0 + 1], pa.int64()), "k": ["a", "b"], "eid": pa.array([1, 2]),
-                     "g": pa.array([5, 6]), "v": pa.array([1.0, 2.0]), "u": ["x", "y"]})
+    good = pa.table(
+        {
+            "ts": pa.array([t0, t0 + 1], pa.int64()),
+            "k": ["a", "b"],
+            "eid": pa.array([1, 2]),
+            "g": pa.array([5, 6]),
+            "v": pa.array([1.0, 2.0]),
+            "u": ["x", "y"],
+        }
+    )
     assert streams._all_valid(spec, good, ingest) is not None
     one_bad = {
         "null key": {"k": pa.array(["a", None])},
@@ -660,8 +731,13 @@ def test_parquet_columns_the_typed_path_leaves_to_json_lines() -> None:
     spec = pipeline_from_dict(TYPED_SPEC)
     t0 = spec.start + 86_400_000
     base = {"ts": pa.array([t0], pa.int64()), "k": pa.array(["a"]), "eid": pa.array(["e"])}
-    for extra in ({"when": pa.array([t0], pa.timestamp("ms", tz="UTC"))}, {"f32": pa.array([0.1], pa.float32())},
-                  {"lst": pa.array([[1]])}, {"K": pa.array(["dup"])}, {"u": pa.array([1.5])}):
+    for extra in (
+        {"when": pa.array([t0], pa.timestamp("ms", tz="UTC"))},
+        {"f32": pa.array([0.1], pa.float32())},
+        {"lst": pa.array([[1]])},
+        {"K": pa.array(["dup"])},
+        {"u": pa.array([1.5])},
+    ):
         t = pa.table({**base, **extra})
         assert not streams.typed_columns(spec, t.schema), extra
         typed, via_json = _both_paths(spec, t, now_ms())

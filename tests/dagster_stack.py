@@ -30,11 +30,18 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    from wire_dagster.checkpoint import Manifest
+    from wire_dagster.objectstore import ObjectStore
+    from wire_dagster.sparkserver import EmbeddedSpark
+    from wire_dagster.spec import Pipeline
 
 M = 60_000
 H = 3_600_000
@@ -54,8 +61,19 @@ PIPELINE = {
     "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 / 1000)),
     "limits": {"max_future": "10m"},
     "windows": [
-        {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
-        {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},
+        {
+            "name": "per_minute",
+            "type": "tumbling",
+            "size": "1m",
+            "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"},
+        },
+        {
+            "name": "two_by_one",
+            "type": "sliding",
+            "size": "2m",
+            "slide": "1m",
+            "aggregates": {"n": "count", "mean": "avg(amount)"},
+        },
         {"name": "sessions", "type": "session", "gap": "15s", "aggregates": {"n": "count", "total": "sum(amount)"}},
     ],
     "dagster": {"sensor_interval": "2s"},
@@ -95,9 +113,14 @@ def group_gone(pgid: int) -> bool:
 
 
 def wait_until(
-    cond: Callable[[], T | None], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None, every: float = 0.5
+    cond: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    alive: Callable[[], str | None] = lambda: None,
+    every: float = 0.5,
 ) -> T:
-    """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()` reports death."""
+    """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()`
+    reports death."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -124,8 +147,15 @@ class Proc:
 
     def start(self) -> Proc:
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def tail(self, n: int = 4000) -> str:
@@ -186,8 +216,16 @@ def spark_home() -> str:
 
 def clean_env() -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "WIRE_SPARK_REMOTE", "WIRE_SPARK_MASTER",
-              "PYSPARK_SUBMIT_ARGS", "DAGSTER_HOME", "WIRE_PIPELINES"):
+    for k in (
+        "SPARK_REMOTE",
+        "SPARK_CONNECT_MODE_ENABLED",
+        "SPARK_LOCAL_REMOTE",
+        "WIRE_SPARK_REMOTE",
+        "WIRE_SPARK_MASTER",
+        "PYSPARK_SUBMIT_ARGS",
+        "DAGSTER_HOME",
+        "WIRE_PIPELINES",
+    ):
         env.pop(k, None)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -198,14 +236,15 @@ def clean_env() -> dict[str, str]:
 class Stack:
     tmp: Path
     s3_env: dict[str, str]
-    store: object
-    spec: object
+    store: ObjectStore
+    spec: Pipeline
     events: list[dict]
     port: int
     home: Path
     procs: list[Proc] = field(default_factory=list)
-    spark: object = None  # the stack's own EmbeddedSpark, when it started one
+    spark: EmbeddedSpark | None = None  # the stack's own, when it started one
     stopped: bool = False
+    first_settle: dict = field(default_factory=dict)  # what `settled()` saw when start() returned
 
     @property
     def url(self) -> str:
@@ -214,7 +253,8 @@ class Stack:
     # ------------------------------------------------------------------ GraphQL
     def gql(self, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
         req = urllib.request.Request(
-            self.url + "/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            self.url + "/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -224,12 +264,17 @@ class Stack:
         return body["data"]
 
     def alive(self) -> str | None:
-        return next((p.dead() for p in self.procs if p.dead()), None) or (self.spark.dead() if self.spark is not None else None)
+        return next((p.dead() for p in self.procs if p.dead()), None) or (
+            self.spark.dead() if self.spark is not None else None
+        )
 
     def location_loaded(self) -> bool:
         try:
-            d = self.gql("""{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
-                locationOrLoadError { __typename ... on PythonError { message } } } } } }""", timeout=10)
+            d = self.gql(
+                """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+                locationOrLoadError { __typename ... on PythonError { message } } } } } }""",
+                timeout=10,
+            )
         except (OSError, urllib.error.URLError):
             return False
         entries = d["workspaceOrError"].get("locationEntries") or []
@@ -237,13 +282,18 @@ class Stack:
             err = e.get("locationOrLoadError") or {}
             if err.get("__typename") == "PythonError":
                 raise AssertionError(f"code location {e['name']} failed to load: {err['message'][:2000]}")
-        return any(e["loadStatus"] == "LOADED" and (e.get("locationOrLoadError") or {}).get("__typename") == "RepositoryLocation" for e in entries)
+        return any(
+            e["loadStatus"] == "LOADED"
+            and (e.get("locationOrLoadError") or {}).get("__typename") == "RepositoryLocation"
+            for e in entries
+        )
 
     def runs(self, tags: dict[str, str] | None = None) -> list[dict]:
         tags = tags or {"wire/pipeline": NAME}
         d = self.gql(
             """query($f: RunsFilter) { runsOrError(filter: $f) { __typename ... on Runs { results {
-                 runId status startTime endTime creationTime tags { key value } } } ... on PythonError { message } } }""",
+                 runId status startTime endTime creationTime tags { key value } } }"""
+            """ ... on PythonError { message } } }""",
             {"f": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}},
         )
         r = d["runsOrError"]
@@ -258,7 +308,8 @@ class Stack:
         d = self.gql(
             """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
                  assetMaterializations(partitions: $p) { partition runId timestamp tags { key value }
-                   metadataEntries { label __typename ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } } } } } }""",
+                   metadataEntries { label __typename ... on TextMetadataEntry { text }"""
+            """ ... on IntMetadataEntry { intValue } } } } } }""",
             {"k": {"path": [NAME, window]}, "p": partitions},
         )
         a = d["assetOrError"]
@@ -275,15 +326,17 @@ class Stack:
         return out
 
     # ------------------------------------------------------------------ what is committed
-    def committed_versions(self) -> tuple[object, dict[str, dict[int, str]]]:
+    def committed_versions(self) -> tuple[Manifest | None, dict[str, dict[int, str]]]:
         """The latest committed manifest and, per window and partition, the content hash of its file."""
         from wire_dagster.checkpoint import Checkpoints
 
         m = Checkpoints(self.store, NAME).latest()
         if m is None:
             return None, {}
-        return m, {w: {int(p): hashlib.sha256(self.store.get(ref.key)).hexdigest()[:32] for p, ref in parts.items()}
-                   for w, parts in m.outputs.items()}
+        return m, {
+            w: {int(p): hashlib.sha256(self.store.get(ref.key)).hexdigest()[:32] for p, ref in parts.items()}
+            for w, parts in m.outputs.items()
+        }
 
     def to_report(self) -> set[str]:
         """Partition keys the sensor must ask for: those every committed epoch changed while ready."""
@@ -304,8 +357,10 @@ class Stack:
         runs = self.runs()
         failed = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
         if failed:
-            raise AssertionError(f"sensor runs failed: {[(r['runId'], run_partitions(r)) for r in failed]}\n"
-                                 f"dagster dev log tail:\n{self.procs[-1].tail(6000)}")
+            raise AssertionError(
+                f"sensor runs failed: {[(r['runId'], run_partitions(r)) for r in failed]}\n"
+                f"dagster dev log tail:\n{self.procs[-1].tail(6000)}"
+            )
         if not runs or any(r["status"] in ACTIVE for r in runs):
             return None
         m, versions = self.committed_versions()
@@ -392,8 +447,10 @@ class Stack:
         )["runOrError"]
         assert d["__typename"] == "Run", d
         events = [e for e in d["eventConnection"]["events"] if e.get("timestamp")]
-        return [{"eventType": e.get("eventType"), "t": int(e["timestamp"]) / 1000, "message": e.get("message") or ""}
-                for e in events]
+        return [
+            {"eventType": e.get("eventType"), "t": int(e["timestamp"]) / 1000, "message": e.get("message") or ""}
+            for e in events
+        ]
 
     def pool_claims(self, pool: str) -> list[str]:
         """Run ids holding a slot of Dagster's concurrency pool `pool`."""
@@ -417,27 +474,30 @@ def run_partitions(run: dict) -> list[str]:
     for an epoch, or a single-run backfill)."""
     t = run["tags"]
     if "dagster/asset_partition_range_start" in t:
-        lo, hi = partition_ms(t["dagster/asset_partition_range_start"]), partition_ms(t["dagster/asset_partition_range_end"])
+        lo, hi = (
+            partition_ms(t["dagster/asset_partition_range_start"]),
+            partition_ms(t["dagster/asset_partition_range_end"]),
+        )
         return [partition_key(p) for p in range(lo, hi + M, M)]
     return [t["dagster/partition"]]
 
 
 def partition_key(p: int) -> str:
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(p / 1000, tz=timezone.utc).strftime("%Y-%m-%d-%H:%M")
+    return datetime.fromtimestamp(p / 1000, tz=UTC).strftime("%Y-%m-%d-%H:%M")
 
 
 def partition_ms(pk: str) -> int:
-    from datetime import datetime, timezone
-
-    return int(datetime.strptime(pk, "%Y-%m-%d-%H:%M").replace(tzinfo=timezone.utc).timestamp() * 1000)
+    return int(datetime.strptime(pk, "%Y-%m-%d-%H:%M").replace(tzinfo=UTC).timestamp() * 1000)
 
 
 # Small epochs: without AQE and with one shuffle partition an epoch runs far fewer Spark jobs.
 CONNECT_CONF = {
-    "spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1",
-    "spark.default.parallelism": "2", "spark.sql.session.timeZone": "UTC", "spark.python.worker.reuse": "true",
+    "spark.ui.enabled": "false",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.python.worker.reuse": "true",
 }
 
 
@@ -467,7 +527,13 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
     dev_env = clean_env()
     dev_env.update(stack.s3_env)
     dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_TICK_LOG_LEVEL="INFO")
-    dev = Proc("dagster-dev", dagster_dev_command(stack.port), dev_env, tmp / "dagster-dev.log", cwd=str(Path(__file__).resolve().parent.parent))
+    dev = Proc(
+        "dagster-dev",
+        dagster_dev_command(stack.port),
+        dev_env,
+        tmp / "dagster-dev.log",
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
     stack.procs = [dev]
     try:
         # One Spark Connect server for every run of the test (DESIGN §5 Latency).
@@ -483,7 +549,7 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
         if stack.spark is not None:
             stack.spark.wait_ready(START_TIMEOUT)
         else:
-            host, port = remote[len("sc://"):].split(":")[0], int(remote.rsplit(":", 1)[1])
+            host, port = remote[len("sc://") :].split(":")[0], int(remote.rsplit(":", 1)[1])
 
             def listening() -> bool:
                 try:
@@ -500,8 +566,9 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
         rep = produce(store, spec, f, segment="0")
         assert rep.events == len(stack.events) and rep.malformed == 0
         close_stream(store, spec)
-        stack.first_settle = wait_until(stack.settled, SETTLE_TIMEOUT, "the sensor's runs materialize every ready partition",
-                                        stack.alive, every=2.0)
+        stack.first_settle = wait_until(
+            stack.settled, SETTLE_TIMEOUT, "the sensor's runs materialize every ready partition", stack.alive, every=2.0
+        )
         return stack
     except BaseException:
         for p in stack.procs:

@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
 from conftest import run_wire
 from test_cli_inputs import CLICKS, _assert_one_line_error, _keys, _run_in_process
-from test_cli_tick import PIPELINE as TICKY, brute_force, launched, make_events
-
+from test_cli_tick import PIPELINE as TICKY
+from test_cli_tick import brute_force, launched, make_events
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import load_pipeline
@@ -60,13 +61,17 @@ def _jsonl(path: Path, events: list[dict]) -> Path:
 
 def _markers(store: ObjectStore, pipeline: str) -> list[int]:
     """The epochs whose commit marker is in the bucket, from a listing of the pipeline's prefix."""
-    return sorted(int(o.key.split("/")[-2]) for o in store.list(f"pipelines/{pipeline}/epochs/") if o.key.endswith("/_COMMITTED"))
+    return sorted(
+        int(o.key.split("/")[-2]) for o in store.list(f"pipelines/{pipeline}/epochs/") if o.key.endswith("/_COMMITTED")
+    )
 
 
 # --- item 3 -----------------------------------------------------------------------------------
 
 
-def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(store, cli_env, spark_remote, tmp_path: Path) -> None:
+def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(
+    store, cli_env, spark_remote, tmp_path: Path
+) -> None:
     path = _write(tmp_path / "elsewhere" / "ticky.yaml", TICKY)
     spec = load_pipeline(path)
     # WIRE_PIPELINES holds another pipeline of the same name with other windows: the path is what counts.
@@ -85,7 +90,8 @@ def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(store, cl
     assert tick.returncode == 0, tick.stdout[-3000:] + tick.stderr[-3000:]
     runs = launched(tick.stdout)
     assert runs and set(runs.values()) == {"SUCCESS"}, tick.stdout
-    assert Checkpoints(store, "ticky").latest().epoch >= 1
+    m = Checkpoints(store, "ticky").latest()
+    assert m is not None and m.epoch >= 1
 
     # The committed results are the batch aggregation of the file's windows (closed stream, nothing late).
     from wire_dagster.engine import read_results
@@ -96,15 +102,29 @@ def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(store, cl
         assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
             (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
         ], w.name
-        for g, x in zip(got, want[w.name]):
+        for g, x in zip(got, want[w.name], strict=True):
             for a in w.aggregates:
                 assert float(g[a.name]) == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
 
     # `wire read -o` by the path writes exactly that table, and nothing else, into its directory.
     outdir = tmp_path / "out"
     outdir.mkdir()
-    run_wire(["read", "--pipeline", str(path), "--window", "sessions", "--format", "parquet", "-o", str(outdir / "s.parquet")],
-             env, timeout=180, check=True)
+    run_wire(
+        [
+            "read",
+            "--pipeline",
+            str(path),
+            "--window",
+            "sessions",
+            "--format",
+            "parquet",
+            "-o",
+            str(outdir / "s.parquet"),
+        ],
+        env,
+        timeout=180,
+        check=True,
+    )
     assert [x.name for x in outdir.iterdir()] == ["s.parquet"]
     written = pq.read_table(outdir / "s.parquet")
     assert written.schema.field("window_start").type == pa.timestamp("ms", tz="UTC")
@@ -131,22 +151,35 @@ def test_two_files_declaring_one_pipeline_name_are_refused(
     a = _write(pdir / "a.yaml", dict(raw, name="dup", stream="dup"))
     b = _write(pdir / "b.yml", dict(raw, name="dup", stream="dup2"))
     _write(pdir / "c.yaml", dict(raw, name="solo", stream="solo"))
-    events = _jsonl(tmp_path / "ev.jsonl", [{"ts": load_pipeline(a).start + i, "user_id": "u", "event_id": f"e{i}", "amount": i} for i in range(3)])
+    events = _jsonl(
+        tmp_path / "ev.jsonl",
+        [{"ts": load_pipeline(a).start + i, "user_id": "u", "event_id": f"e{i}", "amount": i} for i in range(3)],
+    )
     env = dict(cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(tmp_path / "dagster-home"))
     (tmp_path / "dagster-home").mkdir()
     monkeypatch.setenv("WIRE_PIPELINES", str(pdir))
     monkeypatch.setenv("WIRE_HOME", env["WIRE_HOME"])
 
     commands = {
-        "produce": ["--file", str(events)], "close": [], "tick": [], "backfill": [], "process": [],
-        "read": ["--window", "sessions"], "dlq": [], "status": [], "rewind": ["--epoch", "1"], "gc": [],
+        "produce": ["--file", str(events)],
+        "close": [],
+        "tick": [],
+        "backfill": [],
+        "process": [],
+        "read": ["--window", "sessions"],
+        "dlq": [],
+        "status": [],
+        "rewind": ["--epoch", "1"],
+        "gc": [],
     }
     before = _keys(store)
     for cmd, extra in commands.items():
         p = _run_in_process([cmd, "--pipeline", "dup", *extra], capsys)
         _assert_one_line_error(cmd, p, 2, "'dup' is declared by two files", str(a), str(b))
     # `wire dev` loads the whole directory into its code location: it refuses before starting anything.
-    _assert_one_line_error("dev", _run_in_process(["dev", "--port", "1"], capsys), 2, "'dup' is declared by two files", str(a), str(b))
+    _assert_one_line_error(
+        "dev", _run_in_process(["dev", "--port", "1"], capsys), 2, "'dup' is declared by two files", str(a), str(b)
+    )
     real = run_wire(["tick", "--pipeline", "dup"], env, timeout=120)
     _assert_one_line_error("wire tick", real, 2, "'dup' is declared by two files", str(a), str(b))
     assert _keys(store) == before
@@ -159,7 +192,11 @@ def test_two_files_declaring_one_pipeline_name_are_refused(
     # The code location `dagster dev` loads (workspace.yaml -> definitions.py) fails with the same message.
     v = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     text = v.stdout + v.stderr
     assert v.returncode == 1, text[-3000:]
@@ -183,20 +220,40 @@ def test_output_paths_must_lie_in_an_existing_directory(
     read = ["read", "--pipeline", "clicks", "--window", "sessions", "--format", "parquet", "--output"]
     status = ["status", "--pipeline", "clicks", "--plot"]
     cases = {
-        "read: parent is a file": ([*read, str(regular / "x.parquet")], ["--output", f"{regular} is a file, not a directory"]),
-        "read: under a file": ([*read, str(regular / "d" / "x.parquet")], ["--output", f"{regular} is a file, not a directory"]),
-        "read: parent missing": ([*read, str(nowhere / "d" / "x.parquet")], ["--output", f"directory {nowhere / 'd'} does not exist"]),
+        "read: parent is a file": (
+            [*read, str(regular / "x.parquet")],
+            ["--output", f"{regular} is a file, not a directory"],
+        ),
+        "read: under a file": (
+            [*read, str(regular / "d" / "x.parquet")],
+            ["--output", f"{regular} is a file, not a directory"],
+        ),
+        "read: parent missing": (
+            [*read, str(nowhere / "d" / "x.parquet")],
+            ["--output", f"directory {nowhere / 'd'} does not exist"],
+        ),
         "read: a directory": ([*read, str(adir)], ["--output", f"{adir} is a directory"]),
-        "read: table to a file": ([*read[:-3], "--output", str(adir / "x")], ["--output", "only with --format parquet"]),
-        "plot: parent is a file": ([*status, str(regular / "x.png")], ["--plot", f"{regular} is a file, not a directory"]),
-        "plot: parent missing": ([*status, str(nowhere / "dir" / "x.png")], ["--plot", f"directory {nowhere / 'dir'} does not exist"]),
+        "read: table to a file": (
+            [*read[:-3], "--output", str(adir / "x")],
+            ["--output", "only with --format parquet"],
+        ),
+        "plot: parent is a file": (
+            [*status, str(regular / "x.png")],
+            ["--plot", f"{regular} is a file, not a directory"],
+        ),
+        "plot: parent missing": (
+            [*status, str(nowhere / "dir" / "x.png")],
+            ["--plot", f"directory {nowhere / 'dir'} does not exist"],
+        ),
         "plot: a directory": ([*status, str(adir)], ["--plot", f"{adir} is a directory"]),
     }
     before = _keys(store)
     for name, (args, needles) in cases.items():
         _assert_one_line_error(name, _run_in_process(args, capsys), 2, *needles)
     with ThreadPoolExecutor(max_workers=2) as pool:  # the same through real `wire` processes
-        real = {n: pool.submit(run_wire, cases[n][0], cli_env, 120) for n in ("read: under a file", "plot: parent missing")}
+        real = {
+            n: pool.submit(run_wire, cases[n][0], cli_env, 120) for n in ("read: under a file", "plot: parent missing")
+        }
         for n, fut in real.items():
             _assert_one_line_error(n, fut.result(), 2, *cases[n][1])
     assert not nowhere.exists()
@@ -243,7 +300,9 @@ KEEP = {
 }
 
 
-def test_wire_keep_epochs_wins_over_the_pipeline_files_keep_epochs(store, cli_env, spark_remote, tmp_path: Path) -> None:
+def test_wire_keep_epochs_wins_over_the_pipeline_files_keep_epochs(
+    store, cli_env, spark_remote, tmp_path: Path
+) -> None:
     from wire_dagster.streams import close_stream, produce
 
     t0 = 1_767_225_600_000
@@ -265,9 +324,15 @@ def test_wire_keep_epochs_wins_over_the_pipeline_files_keep_epochs(store, cli_en
         ticks = {n: pool.submit(run_wire, ["tick", "--pipeline", n], env, 600) for n, env in envs.items()}
         ticks = {n: t.result() for n, t in ticks.items()}
     for n, t in ticks.items():
-        assert t.returncode == 0 and set(launched(t.stdout).values()) == {"SUCCESS"}, n + t.stdout[-2000:] + t.stderr[-2000:]
+        assert t.returncode == 0 and set(launched(t.stdout).values()) == {"SUCCESS"}, (
+            n + t.stdout[-2000:] + t.stderr[-2000:]
+        )
 
-    last = {n: Checkpoints(store, n).latest().epoch for n in specs}
+    last: dict[str, int] = {}
+    for n in specs:
+        m = Checkpoints(store, n).latest()
+        assert m is not None, n
+        last[n] = m.epoch
     assert min(last.values()) >= 6, last  # one chunk per epoch: the tick committed every one of them
     assert _markers(store, "kept_by_env") == [last["kept_by_env"] - 1, last["kept_by_env"]]
     assert _markers(store, "kept_by_file") == [last["kept_by_file"] - 2, last["kept_by_file"] - 1, last["kept_by_file"]]

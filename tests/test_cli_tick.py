@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import run_wire
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -31,8 +32,19 @@ PIPELINE = {
     "partition": "1m",
     "start": "2026-01-01T00:00:00Z",
     "windows": [
-        {"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
-        {"name": "two_by_one", "type": "sliding", "size": "2m", "slide": "1m", "aggregates": {"n": "count", "mean": "avg(amount)"}},
+        {
+            "name": "per_minute",
+            "type": "tumbling",
+            "size": "1m",
+            "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"},
+        },
+        {
+            "name": "two_by_one",
+            "type": "sliding",
+            "size": "2m",
+            "slide": "1m",
+            "aggregates": {"n": "count", "mean": "avg(amount)"},
+        },
         {"name": "sessions", "type": "session", "gap": "20s", "aggregates": {"n": "count", "total": "sum(amount)"}},
     ],
 }
@@ -57,7 +69,6 @@ def parse_iso(s: str) -> int:
 
 def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
     from reference import batch
-
     from wire_dagster.spec import field_column
 
     evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
@@ -110,8 +121,10 @@ def test_tick_runs_the_sensor_requests_to_their_commits(store, cli_env, spark_re
     want = brute_force(spec, events)
     for w in spec.windows:
         got = read_window(env, w.name)
-        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [(r["key"], r["window_start"], r["window_end"]) for r in want[w.name]], w.name
-        for g, x in zip(got, want[w.name]):
+        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
+            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
+        ], w.name
+        for g, x in zip(got, want[w.name], strict=True):
             for a in w.aggregates:
                 # sums and averages are decimal(38, 9) in the kernel: equal to 9 decimal places
                 assert g[a.name] == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
@@ -137,6 +150,7 @@ def test_tick_runs_the_sensor_requests_to_their_commits(store, cli_env, spark_re
     # Dagster's instance: one successful run per launched run key, and per window and partition the
     # latest materialization's data_version is the content hash of the committed partition file.
     m = Checkpoints(store, spec.name).latest()
+    assert m is not None
     assert m.epoch == 1
     instance = dg.DagsterInstance.from_config(str(home))
     try:
@@ -147,9 +161,12 @@ def test_tick_runs_the_sensor_requests_to_their_commits(store, cli_env, spark_re
             key = dg.AssetKey(["ticky", w.name])
             for p in sorted(parts):
                 pk = f"2026-01-01-00:{(p - T0) // M:02d}"
-                recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1).records
+                recs = instance.fetch_materializations(
+                    dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1
+                ).records
                 assert recs, (w.name, pk)
                 mat = recs[0].asset_materialization
+                assert mat is not None and mat.tags is not None, (w.name, pk)
                 ref = m.outputs.get(w.name, {}).get(str(p))
                 want_version = hashlib.sha256(store.get(ref.key)).hexdigest()[:32] if ref else "empty"
                 assert mat.tags["dagster/data_version"] == want_version, (w.name, pk)

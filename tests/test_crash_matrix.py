@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+
 from commit_scenario import (
     Expected,
     assert_all,
@@ -50,7 +51,6 @@ from commit_scenario import (
     wire,
     write_pipeline,
 )
-
 from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.faults import POINTS
@@ -97,7 +97,9 @@ def template(s3_server, spark, tmp_path_factory):
                 assert engine.process(st, spec, spark, max_epochs=10).committed == [1]
             s2 = produce_batch(st, spec, d, b[1], 1)
             e1 = expect(st, spec, [s1], batch_lines(b[0]), batch_malformed(b[0]))
-            e2 = expect(st, spec, [s1, s2], batch_lines(b[0]) + batch_lines(b[1]), batch_malformed(b[0]) + batch_malformed(b[1]))
+            e2 = expect(
+                st, spec, [s1, s2], batch_lines(b[0]) + batch_lines(b[1]), batch_malformed(b[0]) + batch_malformed(b[1])
+            )
             # the scenario has what the matrix needs: late (counted and dead), duplicate and malformed input in epoch 2
             c = e2.state.window_counts
             assert all(c[w.name]["late"] > 0 for w in spec.windows), c
@@ -114,7 +116,9 @@ _FINAL: dict[int, dict] = {}
 
 @pytest.mark.parametrize("seed", seeds())
 @pytest.mark.parametrize("point", POINTS)
-def test_crash_then_restart(point: str, seed: int, template, store: ObjectStore, cli_env, spark_remote, fast_spark) -> None:
+def test_crash_then_restart(
+    point: str, seed: int, template, store: ObjectStore, cli_env, spark_remote, fast_spark
+) -> None:
     tpl = template(seed)
     spec, yml = tpl.spec, str(tpl.yaml)
     copy_bucket(tpl.store, store)
@@ -138,6 +142,7 @@ def test_crash_then_restart(point: str, seed: int, template, store: ObjectStore,
     committed = point in COMMITTED or point == "during-rewind"
     now = tpl.after2 if committed else tpl.after1
     m = cp.latest()
+    assert m is not None
     assert m.epoch == (2 if committed else 1)
     if not committed:
         assert m == before
@@ -152,6 +157,7 @@ def test_crash_then_restart(point: str, seed: int, template, store: ObjectStore,
     if point == "during-rewind":
         wire(["rewind", "--pipeline", yml, "--epoch", "1"], env)
         r = cp.latest()
+        assert r is not None
         assert (r.epoch, r.kind, r.rewound_to, r.watermark) == (3, "rewind", 1, tpl.after1.watermarks[-1])
         assert_results(store, spec, tpl.after1)
     out = wire(["process", "--pipeline", yml], env)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from dagster_stack import NAME, T0, M, partition_key, partition_ms, run_partitions, wait_until
 
 BACKFILL_TIMEOUT = 360  # the backfill daemon wakes every 30 s; one run per contiguous range
@@ -27,7 +28,6 @@ BACKFILL_TIMEOUT = 360  # the backfill daemon wakes every 30 s; one run per cont
 
 def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
     from reference import batch
-
     from wire_dagster.spec import field_column
 
     evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
@@ -57,8 +57,9 @@ def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> N
     for w in spec.windows:
         got = read_results(store, spec, w.name).to_pylist()
         assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]], w.name
-        for g, x in zip(got, want[w.name]):
+            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
+        ], w.name
+        for g, x in zip(got, want[w.name], strict=True):
             for a in w.aggregates:
                 assert g[a.name] == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
 
@@ -73,25 +74,43 @@ def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> N
 
     # 3. A backfill of those partitions through Dagster's GraphQL API.
     parts = first["partitions"]
-    before = {w: {pk: m["tags"]["dagster/data_version"] for pk, m in mats.items()} for w, mats in first["materializations"].items()}
+    before = {
+        w: {pk: m["tags"]["dagster/data_version"] for pk, m in mats.items()}
+        for w, mats in first["materializations"].items()
+    }
     assets = [{"path": [NAME, w.name]} for w in spec.windows] + [{"path": [NAME, "dead_letters"]}]
     d = st.gql(
         """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) { __typename
              ... on LaunchBackfillSuccess { backfillId } ... on Error { message } } }""",
-        {"p": {"assetSelection": assets, "partitionNames": parts, "title": "e2e backfill",
-               "tags": [{"key": "wire/pipeline", "value": NAME}]}},
+        {
+            "p": {
+                "assetSelection": assets,
+                "partitionNames": parts,
+                "title": "e2e backfill",
+                "tags": [{"key": "wire/pipeline", "value": NAME}],
+            }
+        },
     )
     res = d["launchPartitionBackfill"]
     assert res["__typename"] == "LaunchBackfillSuccess", res
     bid = res["backfillId"]
 
     def backfill_done():
-        b = st.gql("""query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
-                      ... on PartitionBackfill { status } ... on Error { message } } }""", {"id": bid})["partitionBackfillOrError"]
+        b = st.gql(
+            """query($id: String!) { partitionBackfillOrError(backfillId: $id) { __typename
+                      ... on PartitionBackfill { status } ... on Error { message } } }""",
+            {"id": bid},
+        )["partitionBackfillOrError"]
         assert b["__typename"] == "PartitionBackfill", b
-        assert b["status"] not in ("FAILED", "CANCELED", "COMPLETED_FAILED", "FAILING"), f"backfill {bid}: {b['status']}\n{st.procs[-1].tail(6000)}"
+        assert b["status"] not in ("FAILED", "CANCELED", "COMPLETED_FAILED", "FAILING"), (
+            f"backfill {bid}: {b['status']}\n{st.procs[-1].tail(6000)}"
+        )
         bruns = st.runs({"dagster/backfill": bid})
-        if b["status"] in ("COMPLETED", "COMPLETED_SUCCESS") and bruns and not any(r["status"] not in ("SUCCESS",) for r in bruns):
+        if (
+            b["status"] in ("COMPLETED", "COMPLETED_SUCCESS")
+            and bruns
+            and not any(r["status"] not in ("SUCCESS",) for r in bruns)
+        ):
             return bruns
         return None
 
@@ -111,9 +130,11 @@ def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> N
             assert m["runId"] in backfill_ids, (w.name, pk, "latest materialization is not the backfill's")
             assert m["tags"]["dagster/data_version"] == before[w.name][pk], (w.name, pk)
     m = Checkpoints(store, NAME).latest()
+    assert m is not None
     assert m.epoch == epoch_before, "the backfill reproduced the committed content: no new epoch"
     assert {w: {pk: before[w][pk] for pk in parts} for w in before} == {
-        w.name: {pk: after[w.name][pk]["tags"]["dagster/data_version"] for pk in parts} for w in spec.windows}
+        w.name: {pk: after[w.name][pk]["tags"]["dagster/data_version"] for pk in parts} for w in spec.windows
+    }
 
     # 4. One run of the pipeline at a time (QueuedRunCoordinator tag limit), sensor and backfill runs alike.
     all_runs = st.runs()

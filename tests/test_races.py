@@ -1,9 +1,9 @@
 """Races for the commit marker, zombie writers and late publishers (DESIGN §2 invariant 2, §3 fencing).
 
-    run A ──stage──prepare──┐
-    run B ──stage──prepare──┼─▶ create epochs/N/_COMMITTED (If-None-Match: *) ─▶ one winner
-    run C ──stage──prepare──┘                                                   the rest: CommitConflict,
-                                                                                 staging collected
+run A ──stage──prepare──┐
+run B ──stage──prepare──┼─▶ create epochs/N/_COMMITTED (If-None-Match: *) ─▶ one winner
+run C ──stage──prepare──┘                                                   the rest: CommitConflict,
+                                                                             staging collected
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from commit_scenario import (
     P_STEP,
     T0,
@@ -37,7 +38,6 @@ from commit_scenario import (
     wire_exe,
     write_pipeline,
 )
-
 from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.errors import CommitConflict
@@ -74,9 +74,13 @@ def test_marker_races(store: ObjectStore, spec) -> None:
         outcome: dict[int, str] = {}
         manifests = {}
 
-        def contend(i: int, epoch: int = epoch, prev=prev, barrier=barrier, outcome=outcome, manifests=manifests) -> None:
+        def contend(
+            i: int, epoch: int = epoch, prev=prev, barrier=barrier, outcome=outcome, manifests=manifests
+        ) -> None:
             mine = writers[i]
-            m = hand_epoch(mine, spec, epoch, f"e{epoch}-w{i}", {P0: [("k", P0, epoch * 10 + i)]}, carry=prev, commit=False)
+            m = hand_epoch(
+                mine, spec, epoch, f"e{epoch}-w{i}", {P0: [("k", P0, epoch * 10 + i)]}, carry=prev, commit=False
+            )
             manifests[i] = m
             barrier.wait()
             try:
@@ -93,7 +97,8 @@ def test_marker_races(store: ObjectStore, spec) -> None:
             t.join(timeout=120)
         assert sorted(outcome.values()) == ["lost"] * (n - 1) + ["won"], outcome
         (w,) = [i for i, o in outcome.items() if o == "won"]
-        assert cp.marker(epoch).run_id == f"e{epoch}-w{w}"
+        marker = cp.marker(epoch)
+        assert marker is not None and marker.run_id == f"e{epoch}-w{w}"
         assert cp.committed()[-1] == epoch and cp.latest() == manifests[w]
         assert tumble_rows(store, spec) == [("k", P0, epoch * 10 + w)]
         runs = staging_runs(store, spec)
@@ -117,7 +122,9 @@ def test_zombie_writer_is_fenced(store: ObjectStore, spec) -> None:
     with pytest.raises(CommitConflict):
         Checkpoints(ObjectStore(store.cfg), spec.name).commit(zombie)
     assert cp.abort("zombie") > 0 and "zombie" not in staging_runs(store, spec)
-    assert (cp.marker(2).run_id, cp.latest(), tumble_rows(store, spec)) == ("run-2", m3, seen)
+    marker = cp.marker(2)
+    assert marker is not None
+    assert (marker.run_id, cp.latest(), tumble_rows(store, spec)) == ("run-2", m3, seen)
 
     zombie4 = hand_epoch(cp, spec, 4, "zombie4", {P0: [("k", P0, 666)]}, carry=m3, commit=False)
     m = m3
@@ -169,7 +176,7 @@ def test_late_publisher_cannot_leave_older_output(store: ObjectStore, spec) -> N
         done["m2"] = hand_epoch(cp, spec, 2, "run-b", {P0: [("k", P0, 2)], P1: [("k", P1, 2)]}, carry=m1)
         cp.publish(done["m2"])
 
-    Checkpoints(_SlowPublisher(store, rival), spec.name).publish(m1)
+    Checkpoints(_SlowPublisher(store, rival), spec.name).publish(m1)  # pyright: ignore[reportArgumentType]  an ObjectStore by delegation
     assert "m2" in done
     assert published(store, spec) == wanted_published(store, spec, done["m2"])
     assert cp.publish(m1) == []
@@ -196,7 +203,7 @@ def _race(store: ObjectStore, spec, spark, n: int, monkeypatch, keep: int) -> li
             outcome.append(f"committed {out.committed}")
         except CommitConflict:
             outcome.append("conflict")
-        except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+        except Exception as e:
             outcome.append(f"{type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=run) for _ in range(n)]
@@ -208,7 +215,9 @@ def _race(store: ObjectStore, spec, spark, n: int, monkeypatch, keep: int) -> li
     return sorted(outcome)
 
 
-def test_concurrent_runs_and_a_real_zombie(store: ObjectStore, cli_env, spark_remote, fast_spark, tmp_path: Path, monkeypatch) -> None:
+def test_concurrent_runs_and_a_real_zombie(
+    store: ObjectStore, cli_env, spark_remote, fast_spark, tmp_path: Path, monkeypatch
+) -> None:
     """Three epochs, each raced by 2-3 threads running the real engine.process on the shared
     Spark session (keep_epochs=1), while a real `wire process` that prepared epoch 1 is held
     right before its commit marker; it is released after epoch 2 committed (and garbage
@@ -221,8 +230,14 @@ def test_concurrent_runs_and_a_real_zombie(store: ObjectStore, cli_env, spark_re
     pause = tmp_path / "pause"
     pause.mkdir()
     env = subprocess_env(cli_env, spark_remote, WIRE_PAUSE="before-marker", WIRE_PAUSE_DIR=str(pause))
-    zombie = subprocess.Popen([wire_exe(), "process", "--pipeline", str(yml), "--max-epochs", "1"], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    zombie = subprocess.Popen(
+        [wire_exe(), "process", "--pipeline", str(yml), "--max-epochs", "1"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: (pause / "before-marker.paused").exists(), 600, zombie, "zombie prepared epoch 1")
         zombie_runs = staging_runs(store, spec)
@@ -233,7 +248,9 @@ def test_concurrent_runs_and_a_real_zombie(store: ObjectStore, cli_env, spark_re
             outcome = _race(store, spec, fast_spark, n, monkeypatch, keep=1)
             assert outcome == [f"committed [{k + 1}]"] + ["conflict"] * (n - 1), outcome
             assert cp.committed() == [k + 1]
-            named = {f.key.split("/")[3] for f in cp.latest().files()}
+            m = cp.latest()
+            assert m is not None
+            named = {f.key.split("/")[3] for f in m.files()}
             assert staging_runs(store, spec) <= named | zombie_runs  # every loser's staging is collected
             if k == 1:
                 (pause / "before-marker.go").touch()

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from commit_scenario import (
     P_STEP,
     T0,
@@ -32,7 +33,6 @@ from commit_scenario import (
     wire_exe,
     write_pipeline,
 )
-
 from wire_dagster import engine
 from wire_dagster.checkpoint import Checkpoints, sha256
 from wire_dagster.embedded import EmbeddedS3
@@ -46,7 +46,6 @@ def fast_spark(spark):
     """The session's Spark tuned for tiny epochs while the test runs (commit_scenario.tuned)."""
     with tuned(spark) as s:
         yield s
-
 
 
 def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, cli_env, spark_remote) -> None:
@@ -65,9 +64,17 @@ def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, c
         split = produce_batch(store, spec, tmp_path, batch, 0)
         pause = tmp_path / "pause"
         pause.mkdir()
-        env = subprocess_env(cli_env, spark_remote, WIRE_PAUSE="before-spark", WIRE_PAUSE_DIR=str(pause), **cfg.export_env())
-        proc = subprocess.Popen([wire_exe(), "process", "--pipeline", str(yml)], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        env = subprocess_env(
+            cli_env, spark_remote, WIRE_PAUSE="before-spark", WIRE_PAUSE_DIR=str(pause), **cfg.export_env()
+        )
+        proc = subprocess.Popen(
+            [wire_exe(), "process", "--pipeline", str(yml)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         wait_for(lambda: (pause / "before-spark.paused").exists(), 600, proc, "run reached its Spark phase")
         srv.stop()
         (pause / "before-spark.go").touch()
@@ -75,14 +82,18 @@ def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, c
         lines = [x for x in err.splitlines() if x.strip()]
         assert proc.returncode == 1, err[-3000:]
         assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
-        assert lines[0].startswith("error: ObjectStoreError:") and "object store" in lines[0] and cfg.endpoint in lines[0], lines[0]
+        assert (
+            lines[0].startswith("error: ObjectStoreError:") and "object store" in lines[0] and cfg.endpoint in lines[0]
+        ), lines[0]
 
         cfg2 = srv.start()
         store = ObjectStore(cfg2)
         cp = Checkpoints(store, spec.name)
         assert cp.epochs() == [] and cp.latest() is None  # nothing prepared, nothing committed
         reasons = {d["reason"] for d in engine.read_dead_letters(store, spec)}
-        assert all(r.startswith("malformed: ") for r in reasons) and len(reasons) == 1  # the one bad line, no I/O letter
+        assert (
+            all(r.startswith("malformed: ") for r in reasons) and len(reasons) == 1
+        )  # the one bad line, no I/O letter
         env2 = subprocess_env(cli_env, spark_remote, **cfg2.export_env())
         out = wire(["process", "--pipeline", yml], env2)
         assert "committed epochs 1..1" in out.stdout
@@ -96,7 +107,9 @@ def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, c
         srv.stop()
 
 
-def test_rewind_restores_epoch_and_replays_to_the_same_results(store: ObjectStore, fast_spark, cli_env, tmp_path: Path) -> None:
+def test_rewind_restores_epoch_and_replays_to_the_same_results(
+    store: ObjectStore, fast_spark, cli_env, tmp_path: Path
+) -> None:
     """Three epochs; `wire rewind --epoch 1`: the results and W are epoch 1's again (and
     `wire status` says so); processing again replays epochs 2 and 3 with the same chunks
     and commits the same results. W right after the rewind is W_1 and never regresses after.

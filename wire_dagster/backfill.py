@@ -21,13 +21,14 @@ from .checkpoint import (
     new_run_id,
     sha256,
 )
-from .engine import apply_changes, one_task
+from .engine import apply_changes
 from .errors import CommitConflict, ObjectNotFound, WireInputError
 from .kernel import epoch_chunks, run_epoch
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
 from .partitions import between as partitions_between
 from .partitions import starts as partition_starts
+from .reclock import one_task
 from .spec import Pipeline
 from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms

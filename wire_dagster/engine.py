@@ -5,7 +5,7 @@ Spark kernel (windows, lateness, state) → staging → manifest → commit mark
 committed results → readers. Each function here is what a Dagster asset, the
 CLI and the tests call; none of them imports Dagster.
 
-A backlog's epochs are planned from chunk metadata (`_plan_job`) and, as far as
+A backlog's epochs are planned from chunk metadata (`reclock.plan_job`) and, as far as
 they fit one task together, computed by one Spark job (`kernel.run_epochs`);
 each is then staged, prepared and committed on its own, in order, while the
 next job computes.
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import partitions, settings
+from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
@@ -34,9 +34,8 @@ from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import ChunkMeta, duckdb_connection, read_stream, views_from
-from .timeutil import NEG_INF, iso, now_ms
-from .watermark import EpochClock, SegmentClock, advance, select_chunks
+from .streams import duckdb_connection, read_stream
+from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
 STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
@@ -98,15 +97,6 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
     return out.cast(schema)
 
 
-def _taken_for_target(views, target: dict[str, int]) -> dict[str, list[ChunkMeta]]:
-    out = {}
-    for s, v in views.items():
-        out[s] = [c for c in v.chunks if c.seq < target.get(s, 0)]
-        if out[s] and out[s][-1].seq != target.get(s, 0) - 1:
-            raise WireInputError(f"replay of segment {s}: chunks up to {target[s]} are not all readable")
-    return out
-
-
 def process(
     store: ObjectStore,
     spec: Pipeline,
@@ -139,7 +129,9 @@ def process(
     # its executors to read. The commits' round trips to the store and merges overlap the Spark task;
     # one job runs at a time, and the epochs commit in order, each with the manifest it has alone.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-next-job") as ahead:
-        batch = _plan_job(store, spec, _from_manifest(prev), _Carry.of(prev).rows, now, max_epochs, progress)
+        batch = reclock.plan_job(
+            store, spec, reclock.from_manifest(prev), _Carry.of(prev).rows, now, max_epochs, progress
+        )
         if batch:  # the session is created here, in the caller's thread (see `started_session`)
             spark = started_session(spark)
         pending = ahead.submit(_compute, store, spec, spark, _Carry.of(prev), batch) if batch else None
@@ -153,7 +145,7 @@ def process(
             left = max_epochs - len(out.committed) - len(done)
             carry: _Carry | None = None
             nxt = (
-                _plan_job(store, spec, done[-1].after(), _result_rows(results[-1]), now, left, progress)
+                reclock.plan_job(store, spec, done[-1].after(), _result_rows(results[-1]), now, left, progress)
                 if left > 0
                 else []
             )
@@ -250,12 +242,6 @@ def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> 
     return _Carry(st_refs, ids_ref)
 
 
-def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
-    """Whether an epoch runs as one Spark task with no shuffle: its events and carried rows
-    (window state, id memory) number at most `settings.single_task_rows()`."""
-    return sum(c.rows for c in chunks) + carried_rows <= settings.single_task_rows()
-
-
 def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
     """After a Spark failure: the typed error if the object store is what failed, else None."""
     try:
@@ -268,103 +254,16 @@ def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
     return None
 
 
-@dataclass(frozen=True)
-class _From:
-    """Where the next epoch starts: after the last committed epoch, or after an epoch planned
-    before it for the same Spark job (the fields of its manifest that planning reads)."""
-
-    epoch: int  # the epoch before (0: none)
-    offsets: dict[str, int]
-    segments: dict[str, SegmentClock]
-    watermark: int
-    replay: tuple  # backfill targets still to replay
-
-
-def _from_manifest(prev: Manifest | None) -> _From:
-    if prev is None:
-        return _From(0, {}, {}, NEG_INF, ())
-    segs = {s: SegmentClock(**r.model_dump()) for s, r in prev.segments.items()}
-    return _From(prev.epoch, dict(prev.remap), segs, prev.watermark, tuple(prev.replay))
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """One epoch as planned from chunk metadata alone, before Spark computes it."""
-
-    epoch: int
-    taken: dict[str, list[ChunkMeta]]
-    chunks: list[ChunkMeta]
-    clock: EpochClock
-    w_prev: int
-    replay: tuple  # the backfill targets left after this epoch
-
-    def after(self) -> _From:
-        # through the manifest's record types, as the next epoch would read them back
-        segs = {s: SegmentClock(**SegmentRecord(**c.to_json()).model_dump()) for s, c in self.clock.segments.items()}
-        return _From(self.epoch, self.clock.remap, segs, self.clock.watermark, self.replay)
-
-
-def _plan_epoch(spec: Pipeline, base: _From, views, now) -> _Planned | None:
-    """The next epoch after `base` (None if nothing would change) given the stream's `views` from
-    its offsets: its chunks (back-pressure, or a backfill's recorded target) and its clock —
-    chunk metadata only, nothing is computed."""
-    decisions = None
-    if base.replay:
-        taken = _taken_for_target(views, base.replay[0]["remap"])
-        decisions = base.replay[0]["decisions"]
-    else:
-        taken = select_chunks(views, base.offsets, spec.max_chunks_per_epoch)
-    clock = advance(spec, base.segments, base.watermark, views, taken, now if now is not None else now_ms(), decisions)
-    n_chunks = sum(len(v) for v in taken.values())
-    if n_chunks == 0 and not base.replay and clock.watermark == base.watermark and clock.segments == base.segments:
-        return None
-    chunks = [c for s in sorted(taken) for c in taken[s]]
-    return _Planned(base.epoch + 1, taken, chunks, clock, base.watermark, tuple(base.replay[1:]))
-
-
-def _plan_job(store, spec: Pipeline, base: _From, carried: int, now, limit: int, progress) -> list[_Planned]:
-    """The epochs one Spark job computes after `base` (the last epoch committed, or the last one
-    the previous job computed), whose state and id memory hold `carried` rows: the next epoch,
-    and the ones after it while they fit one task together — at most `epochs_per_job`, no
-    backfill replay, and each epoch's events with the next one's (the task reads an epoch's
-    chunks while it computes the one before; it holds no other epoch's events) plus the carried
-    rows at most `single_task_rows` (the job itself stops once its results reach
-    `kernel.JOB_RESULT_BYTES`; the epochs it leaves are planned again for the next job). Their
-    chunks and watermarks depend on chunk metadata only, so they are planned before any is
-    computed; each is still staged and committed on its own, in order, with the manifest it
-    would have had alone. The stream is listed once per job: the later epochs see that
-    listing from their offsets (`views_from`)."""
-    batch: list[_Planned] = []
-    listed = read_stream(store, spec.stream, base.offsets)
-    while len(batch) < min(limit, settings.epochs_per_job()):
-        plan = _plan_epoch(spec, base, views_from(listed, base.offsets), now)
-        if plan is None:
-            break
-        fits = one_task([c for p in (*batch[-1:], plan) for c in p.chunks], carried)  # held together
-        if batch and (base.replay or not fits):
-            break  # a replayed epoch, or one that would not fit with the others, starts the next job
-        batch.append(plan)
-        if base.replay or not fits:
-            break
-        base = plan.after()
-    if progress:
-        for plan in batch:
-            progress(
-                f"epoch {plan.epoch}: {len(plan.chunks)} chunks, W {iso(plan.w_prev)} -> {iso(plan.clock.watermark)}"
-            )
-    return batch
-
-
-def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[_Planned]) -> list[EpochResult]:
+def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[reclock.Planned]) -> list[EpochResult]:
     """The Spark job of planned epochs, from `carry` (read by the executors): one task for all of
-    them when they fit one worker (`_plan_job` made sure), else the key-bucket plan of the one epoch.
+    them when they fit one worker (`reclock.plan_job` made sure), else the key-bucket plan of the one epoch.
     `spark` is a started session (`process` starts it in its own thread)."""
     state = {w.name: _stored(store, carry.state.get(w.name)) for w in spec.windows}
     ids = _stored(store, carry.ids)
     events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]
     pause("before-spark")
     try:
-        if len(batch) == 1 and not one_task(batch[0].chunks, carry.rows):
+        if len(batch) == 1 and not reclock.one_task(batch[0].chunks, carry.rows):
             p = batch[0]
             return [run_epoch(spark, spec, events[0], state, ids, p.w_prev, p.clock.watermark, single_task=False)]
         return run_epochs(
@@ -385,7 +284,7 @@ def _commit_epoch(
     spec: Pipeline,
     prev: Manifest | None,
     run_id: str,
-    plan: _Planned,
+    plan: reclock.Planned,
     res: EpochResult,
     carry: _Carry | None = None,
 ) -> Manifest:

@@ -1,10 +1,11 @@
 """What a watermark sensor asks for (DESIGN §1 Partitions), as a pure core function.
 
 A partition P = [p_start, p_end) is *ready* when W >= p_end and *final* when
-W >= p_end + allowed_lateness. The planner returns one request per partition
-and epoch: for every committed epoch after the cursor, the partitions it
-changed (or made ready); and for the pending chunks, epoch by epoch as the next
-run will commit them (up to `max_epochs_per_run`), the partitions each epoch
+W >= p_end + allowed_lateness (partitions.py). The planner returns one request
+per partition and epoch: for every committed epoch after the cursor, the
+partitions it changed (or made ready); and for the pending chunks, epoch by
+epoch as the next run will commit them (up to `max_epochs_per_run`, planned by
+the engine's own planner, `reclock.plan_epochs`), the partitions each epoch
 will make ready or that late data in it can change. `spans` makes them runs:
 one per committed epoch over the range of its partitions, and one for the
 whole backlog of pending epochs (the run that commits them all reports each
@@ -19,13 +20,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from . import partitions, windows
+from . import partitions, reclock, windows
 from .checkpoint import Checkpoints
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import SegmentView, read_stream
+from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms
-from .watermark import SegmentClock, advance, select_chunks
 
 
 @dataclass(frozen=True)
@@ -144,36 +144,17 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
             continue  # the backlog run the previous evaluation requested reports these
         for p in sorted(ready):
             reqs.setdefault((n, p), Request(n, p, "committed"))
-    w = latest.watermark if latest else NEG_INF
-    offsets = latest.remap if latest else {}
-    views = read_stream(store, spec.stream, offsets)
+    views = read_stream(store, spec.stream, latest.remap if latest else {})
     pending = sum(len(v.chunks) for v in views.values())
-    segs = {s: SegmentClock(**r.model_dump()) for s, r in (latest.segments.items() if latest else [])}
-    replay = list(latest.replay) if latest is not None else []
+    predicted = latest.watermark if latest else NEG_INF
+    # The epochs the next run will commit (it commits up to max_epochs_per_run of them), planned
+    # from chunk metadata alone (no Spark) by the engine's own planner: one request per epoch, so
+    # that the partitions of every pending epoch are requested in this evaluation.
     now = now if now is not None else now_ms()
-    predicted = w
-    # The epochs the next run will commit (it commits up to max_epochs_per_run of them), predicted
-    # from chunk metadata alone (no Spark), as `engine.process` will take them: one request per
-    # epoch, so that the partitions of every pending epoch are requested in this evaluation.
-    for nxt in range(committed + 1, committed + 1 + spec.orchestration.max_epochs_per_run):
-        decisions = None
-        if replay:  # after a rewind: the next epochs replay recorded ones
-            target = replay[0]["remap"]
-            taken = {s: [c for c in v.chunks if c.seq < target.get(s, 0)] for s, v in views.items()}
-            decisions = replay[0]["decisions"]
-        else:
-            taken = select_chunks(views, offsets, spec.max_chunks_per_epoch)
-        clock = advance(spec, segs, w, views, taken, now, decisions)
-        n_taken = sum(len(cs) for cs in taken.values())
-        if n_taken == 0 and not replay and clock.watermark == w and clock.segments == segs:
-            break  # the engine commits no epoch for nothing
-        _request_epoch(spec, reqs, nxt, w, clock, taken, bool(n_taken) or bool(replay))
-        predicted = clock.watermark
-        w, segs, offsets, replay = clock.watermark, clock.segments, clock.remap, replay[1:]
-        views = {
-            s: SegmentView(s, [c for c in v.chunks if c.seq >= offsets.get(s, 0)], v.sealed_at)
-            for s, v in views.items()
-        }
+    limit = spec.orchestration.max_epochs_per_run
+    for p in reclock.plan_epochs(spec, reclock.from_manifest(latest), views, now, limit):
+        _request_epoch(spec, reqs, p.epoch, p.w_prev, p.clock, p.taken, bool(p.chunks) or p.replayed)
+        predicted = p.clock.watermark
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
     # The cursor: the last committed epoch (it moves only with commits), and the backlog run
     # requested now, whose epochs the next evaluations then need not request again once committed.

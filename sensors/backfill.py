@@ -10,7 +10,6 @@ from that run's materialization events, not computed beside it.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ import dagster as dg
 
 from assets import BACKFILL_PROGRESS, RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags, window_key
 from sensors import job_name
+from sensors.runs import PipelineRuns, Signals, quiet_libraries, run_error, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
@@ -33,50 +33,53 @@ def backfill(
 ) -> dict:
     """Run the backfill of `partitions` (consecutive partition starts, ms) to its end.
 
-    Returns {"run_id", "status" (SUCCESS|FAILURE), "errors": [one line each], "partitions": [{
+    Returns {"run_id", "status" (SUCCESS|FAILURE), "error" (a failure's cause as one exception,
+    `sensors.runs.run_error`, else None), "partitions": [{
     "partition", "partition_key", "result" (reproduced|changed), "epoch" (the new epoch, when
-    changed), "changed_windows", "windows": {window: {"result", "epoch", "data_version"}}}]}. `progress(epochs replayed, epochs in total)` drives a display.
+    changed), "changed_windows", "windows": {window: {"result", "epoch", "data_version"}}}]}.
+    `progress(epochs replayed, epochs in total)` drives a display. Raises
+    `sensors.runs.Interrupted` on SIGINT/SIGTERM.
     """
     from definitions import build_definitions
 
-    ensure_dagster_home()
-    defs = build_definitions(pipelines)
-    instance = dg.DagsterInstance.get()
-    job = defs.resolve_job_def(job_name(spec))
-    keys = [partition_key(spec, p) for p in partitions]
-    tags = {**pipeline_tags(spec), "wire/backfill": uuid.uuid4().hex[:12], "wire/launched-by": "wire backfill"}
-    single = None
-    if len(keys) == 1:
-        single = keys[0]
-    else:
-        tags.update({RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
-    if console is not None:
-        console.print(f"backfill of {spec.name}: {len(keys)} partitions [{iso(partitions[0])}, {iso(partitions[-1] + spec.partition)}) in one run")
-    token = BACKFILL_PROGRESS.set(progress)
-    try:
-        res = job.execute_in_process(
-            instance=instance,
-            partition_key=single,
-            tags=tags,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": os.environ.get("WIRE_TICK_LOG_LEVEL", "WARNING")}}}},
-        )
-    finally:
-        BACKFILL_PROGRESS.reset(token)
+    with Signals() as signals:
+        quiet_libraries()
+        ensure_dagster_home()
+        defs = build_definitions(pipelines)
+        instance = dg.DagsterInstance.get()
+        job = defs.resolve_job_def(job_name(spec))
+        keys = [partition_key(spec, p) for p in partitions]
+        tags = {**pipeline_tags(spec), "wire/backfill": uuid.uuid4().hex[:12]}
+        single = None
+        if len(keys) == 1:
+            single = keys[0]
+        else:
+            tags.update({RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
+        if console is not None and (verbose() or console.is_terminal):  # else a failure's stderr is one line
+            span = f"[{iso(partitions[0])}, {iso(partitions[-1] + spec.partition)})"
+            console.print(f"backfill of {spec.name}: {len(keys)} partitions {span} in one run")
+        token = BACKFILL_PROGRESS.set(progress)
+        try:
+            # Waits for the pipeline's ticks and backfills, fails runs left by dead ones, stops on
+            # SIGINT/SIGTERM (sensors.runs).
+            with PipelineRuns(instance, spec.name, job, "wire backfill", signals, console) as runs:
+                res = runs.execute(partition_key=single, tags=tags, what=f"the backfill of {spec.name}")
+        finally:
+            BACKFILL_PROGRESS.reset(token)
 
-    errors = []
+    error = None
+    if not res.success:
+        error = run_error(res)
+        if console is not None and verbose():
+            console.print(error.details, markup=False, highlight=False)
     mats: dict[tuple[str, str], dg.AssetMaterialization] = {}
     for ev in res.all_events:
-        if ev.is_failure and ev.event_specific_data is not None:
-            err = getattr(ev.event_specific_data, "error", None)
-            if err is not None:
-                errors.append(f"{err.cls_name}: {err.message.strip().splitlines()[0]}")
         if ev.is_step_materialization:
             mat = ev.event_specific_data.materialization
             mats[(mat.asset_key.to_user_string(), mat.partition)] = mat
 
     rows = []
-    for p, pk in zip(partitions, keys):
+    for p, pk in zip(partitions, keys, strict=True):
         windows = {}
         for w in spec.windows:
             mat = mats.get((window_key(spec, w.name).to_user_string(), pk))
@@ -92,12 +95,14 @@ def backfill(
             continue
         changed = sorted(w for w, v in windows.items() if v["result"] == "changed")
         epoch = max((windows[w]["epoch"] for w in changed), default=None)
-        rows.append({
-            "partition": iso(p),
-            "partition_key": pk,
-            "result": "changed" if changed else "reproduced",
-            "epoch": epoch,
-            "changed_windows": changed,
-            "windows": windows,
-        })
-    return {"run_id": res.run_id, "status": "SUCCESS" if res.success else "FAILURE", "errors": errors, "partitions": rows}
+        rows.append(
+            {
+                "partition": iso(p),
+                "partition_key": pk,
+                "result": "changed" if changed else "reproduced",
+                "epoch": epoch,
+                "changed_windows": changed,
+                "windows": windows,
+            }
+        )
+    return {"run_id": res.run_id, "status": "SUCCESS" if res.success else "FAILURE", "error": error, "partitions": rows}

@@ -1,67 +1,88 @@
-"""`wire tick`: one real evaluation of a pipeline's Dagster sensor, then each requested
-run executed in-process, through the same job and assets the daemon launches."""
+"""`wire tick`: one real evaluation of a pipeline's Dagster sensor, then each requested run executed
+in-process, through the same job and assets the daemon launches.
 
-import os
+Ticks and backfills of a pipeline take turns, runs left behind by a dead `wire tick` are failed
+and their slots freed first, SIGINT/SIGTERM stop a tick within seconds, and a failed run is one
+line naming its cause (`sensors.runs`)."""
+
 from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
 
 from sensors import job_name, request_partitions, sensor_name
+from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
 
-def tick(spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int, int], None] | None = None) -> list[dict]:
-    """The runs launched (run_key, partition, status SUCCESS|FAILURE, run_id); requests whose run key
-    already ran successfully are skipped, as the daemon skips them, and are not returned.
-    `progress(requests handled, requests)` is called before the first run and after each request."""
+def tick(
+    spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int, int], None] | None = None
+) -> list[dict]:
+    """The runs launched (run_key, partition, status SUCCESS|FAILURE, run_id; a failure also
+    `error`: its cause as one exception, `sensors.runs.run_error`); requests whose run key already
+    ran successfully are skipped, as the daemon skips them, and are not returned. The first failed
+    run ends the tick. `progress(requests handled, requests)` is called before the first run and
+    after each request. Raises `sensors.runs.Interrupted` on SIGINT/SIGTERM."""
     from definitions import build_definitions
     from resources import default_resources
     from wire_dagster.sparksession import preload_client
 
-    preload_client()  # imported while the sensor reads the stream and Dagster creates the run
-    ensure_dagster_home()
-    defs = build_definitions(pipelines)
-    instance = dg.DagsterInstance.get()
-    sensor_def = defs.resolve_sensor_def(sensor_name(spec))
-    key = f"wire/tick-cursor/{spec.name}"
-    cursor = instance.run_storage.get_cursor_values({key}).get(key)
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=default_resources(), definitions=defs) as ctx:
-        result = sensor_def(ctx)
-    reqs = list(result.run_requests or [])
-    job = defs.resolve_job_def(job_name(spec))
-    done = []
-    if progress is not None:
-        progress(0, len(reqs))
-    for i, rr in enumerate(reqs, start=1):
-        existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
-        if existing and existing[0].is_success:
-            # As the daemon does: a run key that already ran launches nothing.
-            if console is not None:
-                console.print(f"skipped {rr.run_key} (partition {request_partitions(rr)}): already ran as {existing[0].run_id}")
+    with Signals() as signals:
+        quiet_libraries()
+        preload_client()  # imported while the sensor reads the stream and Dagster creates the run
+        ensure_dagster_home()
+        defs = build_definitions(pipelines)
+        instance = dg.DagsterInstance.get()
+        sensor_def = defs.resolve_sensor_def(sensor_name(spec))
+        job = defs.resolve_job_def(job_name(spec))
+        # Progress lines only where a person watches (a terminal) or asked (-v): a failing
+        # tick's stderr is its one error line.
+        chatty = console if console is not None and (verbose() or console.is_terminal) else None
+        done: list[dict] = []
+        with PipelineRuns(instance, spec.name, job, "wire tick", signals, console) as runs:
+            # Evaluated once the pipeline is ours: a tick that waited for another sees its commits.
+            signals.doing = "while evaluating the sensor (no run started)"
+            key = f"wire/tick-cursor/{spec.name}"
+            cursor = instance.run_storage.get_cursor_values({key}).get(key)
+            with dg.build_sensor_context(
+                instance=instance, cursor=cursor, resources=default_resources(), definitions=defs
+            ) as ctx:
+                quiet_sensor_log(ctx)
+                result = sensor_def(ctx)
+            runs.check()
+            reqs = list(result.run_requests or [])
             if progress is not None:
-                progress(i, len(reqs))
-            continue
-        if console is not None:
-            console.print(f"running {rr.run_key} (partition {request_partitions(rr)})")
-        res = job.execute_in_process(
-            instance=instance,
-            partition_key=rr.partition_key,
-            tags={**rr.tags, "dagster/run_key": rr.run_key, "wire/launched-by": "wire tick"},
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": os.environ.get("WIRE_TICK_LOG_LEVEL", "WARNING")}}}},
-        )
-        status = "SUCCESS" if res.success else "FAILURE"
-        if not res.success and console is not None:
-            for ev in res.all_events:
-                if ev.is_failure and ev.event_specific_data is not None:
-                    err = getattr(ev.event_specific_data, "error", None)
-                    if err is not None:
-                        console.print(f"  {err.cls_name}: {err.message.strip().splitlines()[0]}")
-        done.append({"run_key": rr.run_key, "partition": request_partitions(rr), "status": status, "run_id": res.run_id})
-        if progress is not None:
-            progress(i, len(reqs))
-    if result.cursor is not None:
-        instance.run_storage.set_cursor_values({key: result.cursor})
+                progress(0, len(reqs))
+            for i, rr in enumerate(reqs, start=1):
+                existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
+                if existing and existing[0].is_success:
+                    # As the daemon does: a run key that already ran launches nothing.
+                    if chatty is not None:
+                        ran = existing[0].run_id
+                        chatty.print(f"skipped {rr.run_key} (partition {request_partitions(rr)}): already ran as {ran}")
+                    if progress is not None:
+                        progress(i, len(reqs))
+                    continue
+                if chatty is not None:
+                    chatty.print(f"running {rr.run_key} (partition {request_partitions(rr)})")
+                res = runs.execute(
+                    partition_key=rr.partition_key, tags={**rr.tags, "dagster/run_key": rr.run_key}, what=rr.run_key
+                )
+                row = {
+                    "run_key": rr.run_key,
+                    "partition": request_partitions(rr),
+                    "status": "SUCCESS" if res.success else "FAILURE",
+                    "run_id": res.run_id,
+                }
+                if progress is not None:
+                    progress(i, len(reqs))
+                done.append(row)
+                if not res.success:
+                    row["error"] = run_error(res)
+                    if chatty is not None and verbose():
+                        chatty.print(row["error"].details, markup=False, highlight=False)
+                    break  # the next runs would start from the same last commit
+            if result.cursor is not None:
+                instance.run_storage.set_cursor_values({key: result.cursor})
     return done

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import WireError, WireInputError
+from .errors import WireInputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark.")
 s3_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
@@ -164,18 +164,33 @@ def process(
         out.print(f"committed epochs {res.committed[0]}..{res.committed[-1]}; W = {iso(m.watermark)}; {res.pending} chunks pending")
 
 
+VERBOSE = typer.Option(False, "--verbose", "-v", help="Stack traces and Dagster's log on the terminal (WIRE_DEBUG=1).")
+
+
+@app.callback()
+def _options(verbose: bool = VERBOSE):
+    """Wire: bounded-stream, event-time processing on Dagster and Spark."""
+    if verbose:
+        os.environ["WIRE_DEBUG"] = "1"
+
+
 @app.command()
 def tick(pipeline: str = PIPELINE):
-    """One evaluation of the pipeline's Dagster sensor, then every requested run to its commit."""
+    """One evaluation of the pipeline's Dagster sensor, then every requested run to its commit.
+
+    Waits for a tick or backfill of the same pipeline; fails runs left behind by a killed one first.
+    A failed run stops the tick with one line naming its cause (-v: Dagster's report)."""
     spec = _spec(pipeline)
     _store()
     runs = _tick(spec)
     if not runs:
         out.print("sensor requested no run")
     for r in runs:
-        out.print(f"run {r['run_key']}: {r['status']}")
-    if any(r["status"] != "SUCCESS" for r in runs):
-        raise WireError("some runs failed; see the messages above")
+        if r["status"] == "SUCCESS":
+            out.print(f"run {r['run_key']}: {r['status']}")
+    for r in runs:
+        if r["status"] != "SUCCESS":
+            raise r["error"]
 
 
 def _tick(spec) -> list[dict]:
@@ -225,8 +240,8 @@ def backfill(
         raise WireInputError(f"--from {start} is after --to {end}")
     parts = select_partitions(_store(), spec, lo, hi)
     res = _backfill(spec, parts)
-    for e in res["errors"]:
-        err.print(f"  {e}", markup=False, highlight=False)
+    if res["error"] is not None:
+        raise res["error"]  # one line naming the cause (-v: Dagster's report)
     rows = res["partitions"]
     if format == Fmt.jsonl:
         for r in rows:
@@ -247,8 +262,6 @@ def backfill(
         out.print(tab)
         n_changed = sum(1 for r in rows if r["result"] == "changed")
         out.print(f"{len(rows)} partitions: {len(rows) - n_changed} reproduced, {n_changed} changed")
-    if res["status"] != "SUCCESS":
-        raise WireError(f"backfill run {res['run_id']} failed; see the messages above")
 
 
 def _backfill(spec, parts: list[int]) -> dict:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from wire_dagster import kernel
+from wire_dagster.events import chunk_schema
 from wire_dagster.spec import Pipeline, field_column
-from wire_dagster.streams import chunk_schema
 from wire_dagster.timeutil import NEG_INF
 
 

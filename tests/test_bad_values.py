@@ -28,7 +28,7 @@ import yaml
 
 import reference
 from conftest import run_wire
-from wire_dagster import engine, kernel, streams
+from wire_dagster import engine, events, ingest, kernel, streams
 from wire_dagster.aggregates import NOT_FINITE, OUT_OF_RANGE
 from wire_dagster.bucketkernel import event_errors
 from wire_dagster.objectstore import ObjectStore
@@ -230,11 +230,11 @@ def test_typed_parquet_values_outside_the_domain_are_dead_letters_on_both_paths(
     amount, gap, reasons, values = PARQUET_CASES[case]
     cols = {**base_columns(len(amount)), "amount": amount, **({"g": gap} if gap is not None else {})}
     table = pa.table(cols)
-    ingest = now_ms()
-    if streams.typed_columns(spec, table.schema):
-        assert (streams._all_valid(spec, table, ingest) is None) == bool(reasons), case
-    typed = streams.normalize_table(spec, table, ingest)
-    via_json = streams.normalize_lines(spec, streams.parquet_to_lines(table), ingest)
+    ingest_ms = now_ms()
+    if ingest.typed_columns(spec, table.schema):
+        assert (ingest._all_valid(spec, table, ingest_ms) is None) == bool(reasons), case
+    typed = ingest.normalize_table(spec, table, ingest_ms)
+    via_json = ingest.normalize_lines(spec, ingest.parquet_to_lines(table), ingest_ms)
     assert typed[1].to_pylist() == via_json[1].to_pylist()
     assert [r[AMOUNT] for r in typed[0].to_pylist()] == [r[AMOUNT] for r in via_json[0].to_pylist()]
 
@@ -251,7 +251,7 @@ def test_typed_parquet_values_outside_the_domain_are_dead_letters_on_both_paths(
 
 def test_the_arrow_path_stores_minus_zero_as_zero(spec) -> None:
     table = pa.table({**base_columns(3), "amount": pa.array([-0.0, 0.0, 1.0])})
-    good = streams._all_valid(spec, table, now_ms())
+    good = ingest._all_valid(spec, table, now_ms())
     assert good is not None  # a valid block: no SQL
     assert [math.copysign(1, x) for x in good[AMOUNT].to_pylist()] == [1, 1, 1]
 
@@ -283,7 +283,7 @@ def test_missing_values_as_pandas_writes_them_are_no_value(store, spec, tmp_path
 # ------------------------------------------------------------------ the kernel's guard
 def test_event_errors_name_the_field_and_value(spec) -> None:
     schema = (
-        streams.chunk_schema(spec).append(pa.field(kernel.SEG, pa.string())).append(pa.field(kernel.SEQ, pa.int64()))
+        events.chunk_schema(spec).append(pa.field(kernel.SEG, pa.string())).append(pa.field(kernel.SEQ, pa.int64()))
     )
     rows = [
         {"_t": T0, AMOUNT: 1.0, GAP: 5},
@@ -338,7 +338,7 @@ def assert_batch_results(store: ObjectStore, spec: Pipeline, counted: list[dict]
 
 def hand_chunk(spec: Pipeline, rows: list[dict]) -> pa.Table:
     """Chunk rows as an older producer or a hand might write them: no validation."""
-    schema = streams.chunk_schema(spec)
+    schema = events.chunk_schema(spec)
     return pa.Table.from_pylist(
         [{**{c: None for c in schema.names}, **r, "_row": i} for i, r in enumerate(rows)], schema=schema
     )
@@ -374,7 +374,7 @@ def test_the_kernel_sets_aside_what_it_cannot_process_and_commits_the_rest(
     commits it by key buckets; the single task, run again on the same chunks (a retry), gives the
     same dead letters, byte for byte, and the same results."""
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "0")  # the engine's epoch by key buckets
-    streams.append_chunk(store, spec, "hand", hand_chunk(spec, _hand_rows()), streams.DLQ_SCHEMA.empty_table())
+    streams.append_chunk(store, spec, "hand", hand_chunk(spec, _hand_rows()), events.DLQ_SCHEMA.empty_table())
     good = [{"ts": T0 + 30_000 + 4_000 * i, "user": "a", "eid": f"q{i}", "amount": i} for i in range(5)]
     (tmp_path / "good.jsonl").write_text("".join(json.dumps(e) + "\n" for e in good) + '{"ts": 1, "amount": NaN}\n')
     assert streams.produce(store, spec, tmp_path / "good.jsonl", segment="prod").malformed == 1
@@ -454,7 +454,7 @@ def test_wire_produce_and_tick_keep_committing_past_bad_values(store, cli_env, s
         {"_t": T0 + 11_000, "_key": "u1", "_id": "h1", AMOUNT: 3.0},
         {"_t": T0 + 12_000, "_key": "u0", "_id": "h2", AMOUNT: 1e300},
     ]
-    streams.append_chunk(store, spec, "hand", hand_chunk(spec, hand), streams.DLQ_SCHEMA.empty_table())
+    streams.append_chunk(store, spec, "hand", hand_chunk(spec, hand), events.DLQ_SCHEMA.empty_table())
 
     def tick(single_task_rows: str) -> None:
         t = run_wire(["tick", "--pipeline", "badvals"], dict(env, WIRE_SINGLE_TASK_ROWS=single_task_rows), timeout=600)
@@ -477,7 +477,7 @@ def test_wire_produce_and_tick_keep_committing_past_bad_values(store, cli_env, s
         {"_t": T0 + 125_000, "_key": "u0", "_id": "h3", AMOUNT: float("-inf")},
         {"_t": T0 + 126_000, "_key": "u1", "_id": "h4", AMOUNT: 2.0**60},
     ]
-    streams.append_chunk(store, spec, "hand", hand_chunk(spec, hand2), streams.DLQ_SCHEMA.empty_table())
+    streams.append_chunk(store, spec, "hand", hand_chunk(spec, hand2), events.DLQ_SCHEMA.empty_table())
     streams.close_stream(store, spec)
     tick("1000000")
     st = pipeline_status(store, spec)  # what `wire status --json` prints

@@ -20,7 +20,7 @@ from kernel_harness import (
     event,
     events_table,
 )
-from wire_dagster import engine, kernel, streams
+from wire_dagster import engine, events, kernel, streams
 from wire_dagster.parquetio import parquet_bytes
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF, NEG_INF
@@ -184,7 +184,7 @@ def _produce(store, spec, tmp_path, segment: str, records: list, name: str):
 def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypatch, single_task_rows):
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", single_task_rows)
     spec = pipeline_from_dict(PIPE)
-    assert "f_user" in streams.chunk_schema(spec).names  # count_distinct(user) stores the field
+    assert "f_user" in events.chunk_schema(spec).names  # count_distinct(user) stores the field
     ref = reference.RefState()
 
     def rec(ts, user, i, amount=None):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from wire_dagster import engine
-from wire_dagster.streams import duckdb_connection
+from wire_dagster.duck import duckdb_connection
 
 
 def test_results_in_order_on_the_same_threads_and_connections_every_call():

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from wire_dagster import streams
+from wire_dagster import ingest, streams
 from wire_dagster.errors import WireInputError
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import Pipeline, load_pipeline, pipeline_from_dict
@@ -383,7 +383,7 @@ def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStor
         if reason.endswith("invalid UTF-8"):
             assert d["record"] == raw.decode("utf-8", "replace")
         else:
-            assert d["record"] == raw.decode()[: streams.RAW_KEEP]
+            assert d["record"] == raw.decode()[: ingest.RAW_KEEP]
 
     valid = {}
     chunks = all_chunks(store, spec.stream)["mix"]
@@ -501,11 +501,11 @@ def _plain(t: pa.Table) -> tuple[pa.Schema, list[dict[str, Any]]]:
     return t.schema, rows
 
 
-def _both_paths(spec: Pipeline, table: pa.Table, ingest: int):
+def _both_paths(spec: Pipeline, table: pa.Table, ingest_ms: int):
     """(typed path, JSON-lines path) of one Parquet table's rows, each (valid, dead letters) as
     `_plain` (schema, rows)."""
-    typed = streams.normalize_table(spec, table, ingest)
-    via_json = streams.normalize_lines(spec, streams.parquet_to_lines(table), ingest)
+    typed = ingest.normalize_table(spec, table, ingest_ms)
+    via_json = ingest.normalize_lines(spec, ingest.parquet_to_lines(table), ingest_ms)
     return tuple(map(_plain, typed)), tuple(map(_plain, via_json))
 
 
@@ -577,7 +577,7 @@ def test_parquet_typed_columns_give_what_json_lines_give() -> None:
     valid row): every valid event, dead letter, reason and record text must be the one the
     JSON-lines path gives for the same rows. Edge cases first, then random tables."""
     spec = pipeline_from_dict(TYPED_SPEC)
-    ingest = now_ms()
+    ingest_ms = now_ms()
     t0 = spec.start + 86_400_000
     edge = pa.table(
         {
@@ -596,8 +596,8 @@ def test_parquet_typed_columns_give_what_json_lines_give() -> None:
             "nothing": pa.nulls(10),
         }
     )
-    assert streams.typed_columns(spec, edge.schema)
-    typed, via_json = _both_paths(spec, edge, ingest)
+    assert ingest.typed_columns(spec, edge.schema)
+    typed, via_json = _both_paths(spec, edge, ingest_ms)
     assert typed == via_json, (typed, via_json)
     reasons = [r["reason"] for r in typed[1][1]]
     assert any("larger than 300" in r for r in reasons)
@@ -605,10 +605,10 @@ def test_parquet_typed_columns_give_what_json_lines_give() -> None:
     tried = 0
     for seed in range(40):
         t = _typed_cases(spec, seed)
-        if not streams.typed_columns(spec, t.schema):
+        if not ingest.typed_columns(spec, t.schema):
             continue
         tried += 1
-        typed, via_json = _both_paths(spec, t, ingest)
+        typed, via_json = _both_paths(spec, t, ingest_ms)
         assert typed[0] == via_json[0], (seed, t.schema)
         assert typed[1] == via_json[1], (seed, t.schema)
     assert tried >= 30
@@ -673,16 +673,16 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
     the SQL: its events must be those of the JSON-lines path (and of the typed SQL), over random
     tables of every type the Arrow path takes; a table with one bad row goes through the SQL."""
     spec = pipeline_from_dict({**TYPED_SPEC, "limits": {"max_record_bytes": 2000}})
-    ingest = now_ms()
+    ingest_ms = now_ms()
     for seed in range(60):
         t = _valid_typed_table(spec, seed)
-        assert streams.typed_columns(spec, t.schema), (seed, t.schema)
-        assert streams._all_valid(spec, t, ingest) is not None, (seed, t.schema)
-        typed, via_json = _both_paths(spec, t, ingest)
+        assert ingest.typed_columns(spec, t.schema), (seed, t.schema)
+        assert ingest._all_valid(spec, t, ingest_ms) is not None, (seed, t.schema)
+        typed, via_json = _both_paths(spec, t, ingest_ms)
         assert typed == via_json, (seed, t.schema)
         assert typed[1][1] == [] and len(typed[0][1]) == t.num_rows
         src = t.rename_columns([f"c{k}" for k in range(t.num_columns)])
-        sql_valid = streams._validate(spec, "src", src, ingest, typed=t.schema)[0]
+        sql_valid = ingest._validate(spec, "src", src, ingest_ms, typed=t.schema)[0]
         assert typed[0] == _plain(sql_valid)
     t0 = spec.start + 86_400_000
     good = pa.table(
@@ -695,13 +695,13 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
             "u": ["x", "y"],
         }
     )
-    assert streams._all_valid(spec, good, ingest) is not None
+    assert ingest._all_valid(spec, good, ingest_ms) is not None
     one_bad = {
         "null key": {"k": pa.array(["a", None])},
         "null id": {"eid": pa.array([1, None])},
         "no id field": {"eid": None},
         "time before start": {"ts": pa.array([t0, spec.start - 1], pa.int64())},
-        "time too far ahead": {"ts": pa.array([t0, ingest + spec.max_future + 1], pa.int64())},
+        "time too far ahead": {"ts": pa.array([t0, ingest_ms + spec.max_future + 1], pa.int64())},
         "null time": {"ts": pa.array([t0, None], pa.int64())},
         "text time": {"ts": pa.array(["2026-01-02T00:00:00Z"] * 2)},
         "gap of 0": {"g": pa.array([5, 0])},
@@ -721,8 +721,8 @@ def test_parquet_valid_tables_skip_sql_with_the_same_events() -> None:
     for what, change in one_bad.items():
         cols = {**{n: good[n] for n in good.column_names}, **change}
         t = pa.table({n: c for n, c in cols.items() if c is not None})
-        assert streams._all_valid(spec, t, ingest) is None, what
-        typed, via_json = _both_paths(spec, t, ingest)
+        assert ingest._all_valid(spec, t, ingest_ms) is None, what
+        typed, via_json = _both_paths(spec, t, ingest_ms)
         assert typed == via_json, what
 
 
@@ -739,6 +739,6 @@ def test_parquet_columns_the_typed_path_leaves_to_json_lines() -> None:
         {"u": pa.array([1.5])},
     ):
         t = pa.table({**base, **extra})
-        assert not streams.typed_columns(spec, t.schema), extra
+        assert not ingest.typed_columns(spec, t.schema), extra
         typed, via_json = _both_paths(spec, t, now_ms())
         assert typed == via_json

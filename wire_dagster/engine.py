@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id
+from .duck import duckdb_connection
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
 from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
@@ -34,7 +35,7 @@ from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import duckdb_connection, read_stream
+from .streams import read_stream
 from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]

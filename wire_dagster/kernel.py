@@ -19,7 +19,7 @@ Events, and the window state and id memory carried from N-1, are read from the
 object store on the executors (pyarrow's S3 filesystem), in one of two plans with
 the same results:
 
-- one task (an epoch small enough for one worker: `sparksession.single_task_rows`):
+- one task (an epoch small enough for one worker: `settings.single_task_rows`):
   a one-row DataFrame drives a `mapInArrow` task that reads the chunks and the
   carried rows itself and computes every window with DuckDB (`bucketkernel`);
 - key buckets: Spark reads the chunks in parallel, de-duplicates ids over the whole
@@ -33,6 +33,7 @@ input — come back to the driver, as Arrow tables, which stages them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 
@@ -52,8 +53,9 @@ from .bucketkernel import (
     side_table,
     unpack,
 )
+from .events import ID, KEY, ROW, TIME, chunk_schema
 from .spec import Pipeline, WindowSpec, field_column
-from .streams import ID, KEY, ROW, TIME, ChunkMeta, chunk_schema
+from .streams import ChunkMeta
 
 _FS_CACHE: dict = {}
 READ_THREADS = 8  # objects of the store fetched at once by the task that holds a whole epoch
@@ -72,7 +74,9 @@ def _fs(opts: dict):
     return _FS_CACHE[k]
 
 
-def _read_key(fs, bucket: str, key: str, schema: pa.Schema | None, extra: list[tuple[str, pa.DataType, object]]) -> pa.Table:
+def _read_key(
+    fs, bucket: str, key: str, schema: pa.Schema | None, extra: list[tuple[str, pa.DataType, object]]
+) -> pa.Table:
     """One Parquet object of the store as `schema` (its columns, in its types), with constant
     `extra` columns (name, type, value) appended.
 
@@ -151,14 +155,18 @@ class Chunks:
         out = pa.schema(list(self.schema) + [pa.field(n, t) for n, t in self.extra])
 
         def read(k: str, seg: str, seq: int) -> pa.Table:
-            return _read_key(fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq))])
+            return _read_key(
+                fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq), strict=True)]
+            )
 
         parts = list(pool.map(lambda c: read(*c), self.keys)) if pool else [read(*c) for c in self.keys]
         return pa.concat_tables([t.select(out.names).cast(out) for t in parts]) if parts else out.empty_table()
 
 
 def epoch_chunks(fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta]) -> Chunks:
-    return Chunks(fs_options, bucket, tuple((c.data_key, c.segment, c.seq) for c in chunks if c.data_key), chunk_schema(spec))
+    return Chunks(
+        fs_options, bucket, tuple((c.data_key, c.segment, c.seq) for c in chunks if c.data_key), chunk_schema(spec)
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -246,9 +254,9 @@ def _sorted_or_none(t: pa.Table | None, keys: list[str]) -> pa.Table | None:
 
 def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import _parse_datatype_string
+    from pyspark.sql.types import StructType, _parse_datatype_string
 
-    return to_arrow_schema(_parse_datatype_string(ddl))
+    return to_arrow_schema(cast(StructType, _parse_datatype_string(ddl)))  # a DDL of columns: a struct
 
 
 @dataclass(frozen=True)
@@ -292,7 +300,7 @@ def run_epoch(
     Arrow tables or `Stored` objects the executors read.
 
     `single_task`: the whole epoch in one Spark task that reads the chunks itself, with no
-    shuffle (for an epoch small enough for one worker, see `sparksession.single_task_rows`):
+    shuffle (for an epoch small enough for one worker, see `settings.single_task_rows`):
     the same results, without the fixed cost of stages and of handing the events from Python
     to the JVM and back."""
     from pyspark.sql import functions as F
@@ -316,7 +324,7 @@ def run_epochs(
     and the next epoch's chunks are fetched while one is computed. Each epoch's result is the
     one `run_epoch(..., single_task=True)` gives for it alone; the job's fixed cost and the
     carried rows' round trip through the store are paid once for all of them. For epochs that
-    together fit one worker (the caller checks `sparksession.single_task_rows`).
+    together fit one worker (the caller checks `settings.single_task_rows`).
 
     The task stops after the epoch whose packed results reach JOB_RESULT_BYTES: the results of
     the epochs it computed, a prefix of `epochs` (at least the first), are returned."""
@@ -328,7 +336,9 @@ def run_epochs(
     if done == 0:
         raise RuntimeError("the kernel's task returned no epoch")
     per_epoch = unpack(packed, len(epochs))[:done]
-    return [_gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch)]
+    return [
+        _gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch, strict=False)
+    ]  # the epochs computed
 
 
 def _frame_of(spark, events: Chunks | pa.Table, errors_of: Pipeline | None = None):
@@ -381,7 +391,10 @@ def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, 
                 if sent >= budget:
                     break  # the results the driver receives at once stay bounded: the rest is the next job's
                 if i + 1 < len(epochs):
-                    st = {w.name: _sorted_or_none(out.get(("state", w.name)), ["key", "start", "end"]) for w in spec.windows}
+                    st = {
+                        w.name: _sorted_or_none(out.get(("state", w.name)), ["key", "start", "end"])
+                        for w in spec.windows
+                    }
                     side = side_table(spec, st, _sorted_or_none(out.get(("ids", "")), ["id"]))
 
     return spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL)
@@ -420,7 +433,12 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
     def one_bucket(events: pa.Table, carried: pa.Table) -> pa.Table:
         return pack(bucket_epoch(spec, events, carried, w_prev, w_new))
 
-    return ev.withColumn("_b", _bucket(F, KEY, buckets)).groupBy("_b").cogroup(side.groupBy("_b")).applyInArrow(one_bucket, PACKED_DDL)
+    return (
+        ev.withColumn("_b", _bucket(F, KEY, buckets))
+        .groupBy("_b")
+        .cogroup(side.groupBy("_b"))
+        .applyInArrow(one_bucket, PACKED_DDL)
+    )
 
 
 def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -> EpochResult:
@@ -437,7 +455,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
     err = gathered("error", "", pos.append(pa.field(ERR, pa.string())))
     dead = [_with_reason(dup, "duplicate", None)] if dup.num_rows else []
     if err.num_rows:
-        why = pc.binary_join_element_wise(pa.scalar("error: "), err[ERR], "")
+        why = pc.binary_join_element_wise(pa.scalar("error: "), err[ERR], "")  # pyright: ignore[reportAttributeAccessIssue]  generated at import
         no_window = pa.nulls(err.num_rows, pa.string())
         dead.append(err.select(pos.names).append_column("reason", why).append_column("window", no_window))
     results, late_by = {}, {}
@@ -451,16 +469,24 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
         # Results are sorted where they are written (engine.apply_changes, per partition); the
         # new state is written as it is, so it is sorted here: reruns write identical bytes.
         results[w.name] = (out, _sorted(st, ["key", "start", "end"]))
-    dl = _dead_letters(spark, F, spec, _frame_of(spark, events), pa.concat_tables(dead)) if dead else DEAD_LETTER.empty_table()
+    dl = (
+        _dead_letters(spark, F, spec, _frame_of(spark, events), pa.concat_tables(dead))
+        if dead
+        else DEAD_LETTER.empty_table()
+    )
     counted_all = n_in - dup.num_rows
-    windows = {name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()}
+    windows = {
+        name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()
+    }
     ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
     return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows)
 
 
 def _with_reason(positions: pa.Table, reason: str, window: str | None) -> pa.Table:
     n = positions.num_rows
-    return positions.append_column("reason", pa.array([reason] * n, pa.string())).append_column("window", pa.array([window] * n, pa.string()))
+    return positions.append_column("reason", pa.array([reason] * n, pa.string())).append_column(
+        "window", pa.array([window] * n, pa.string())
+    )
 
 
 def _dead_letters(spark, F, spec: Pipeline, events_df, which: pa.Table) -> pa.Table:
@@ -481,7 +507,11 @@ def _side(spark, F, spec: Pipeline, state, seen):
     for i, w in enumerate(spec.windows):
         st = _frame(spark, state_ddl(w), state.get(w.name))
         parts = [c for a in w.aggregates for c, _ in partial_columns(a)]
-        frames.append(st.select(F.lit(w.name).alias("_w"), "key", "start", "end", *[F.col(c).alias(side_column(i, c)) for c in parts]))
+        frames.append(
+            st.select(
+                F.lit(w.name).alias("_w"), "key", "start", "end", *[F.col(c).alias(side_column(i, c)) for c in parts]
+            )
+        )
     if seen is not None:
         frames.append(seen.select(F.lit(IDS_W).alias("_w"), "key", "id", "expires", "t"))
     side = frames[0]
@@ -492,5 +522,3 @@ def _side(spark, F, spec: Pipeline, state, seen):
 
 def _out_schema(spark, w: WindowSpec) -> pa.Schema:
     return _ddl_to_arrow(spark, output_ddl(w)).append(pa.field("retract", pa.bool_()))
-
-

@@ -18,7 +18,7 @@ import dagster as dg
 
 from assets import BACKFILL_PROGRESS, RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags, window_key
 from sensors import job_name
-from sensors.runs import PipelineRuns, Signals, quiet_libraries, run_error, verbose
+from sensors.runs import PipelineRuns, Signals, quiet_libraries, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
@@ -67,15 +67,11 @@ def backfill(
         finally:
             BACKFILL_PROGRESS.reset(token)
 
-    error = None
-    if not res.success:
-        error = run_error(res)
-        if console is not None and verbose():
-            console.print(error.details, markup=False, highlight=False)
-    mats: dict[tuple[str, str], dg.AssetMaterialization] = {}
+    error = None if res.success else run_error(res, say_on(console))
+    mats: dict[tuple[str, str | None], dg.AssetMaterialization] = {}
     for ev in res.all_events:
         if ev.is_step_materialization:
-            mat = ev.event_specific_data.materialization
+            mat = ev.step_materialization_data.materialization
             mats[(mat.asset_key.to_user_string(), mat.partition)] = mat
 
     rows = []
@@ -89,7 +85,7 @@ def backfill(
             windows[w.name] = {
                 "result": md.value if md is not None else "-",
                 "epoch": ep.value if ep is not None else None,
-                "data_version": mat.tags.get("dagster/data_version"),
+                "data_version": (mat.tags or {}).get("dagster/data_version"),
             }
         if not windows:
             continue

@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import dagster as dg
@@ -59,6 +59,7 @@ import psutil
 from dagster._core.events import JobFailureData, RunFailureReason
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 from dagster._utils import interrupts as dagster_interrupts
+from dagster_shared.error import SerializableErrorInfo
 
 from wire_dagster.errors import WireError
 
@@ -372,17 +373,11 @@ class PipelineRuns:
     ):
         self.instance, self.pipeline, self.job, self.launcher, self.console = instance, pipeline, job, launcher, console
         self.signals = signals
-        self.steps = [
-            (n.name, n.definition.pool)
-            for n in job.graph.nodes_in_topological_order
-            if getattr(n.definition, "pool", None)
-        ]
+        pools = ((n.name, getattr(n.definition, "pool", None)) for n in job.graph.nodes_in_topological_order)
+        self.steps: list[tuple[str, str]] = [(step, pool) for step, pool in pools if pool]
         self.who = f"{launcher} (pid {os.getpid()} on {socket.gethostname()})"
+        self.say: Callable[[str], None] = say_on(console) or (lambda _line: None)
         self._stack = contextlib.ExitStack()
-
-    def say(self, line: str) -> None:
-        if self.console is not None:
-            self.console.print(line, markup=False, highlight=False)
 
     def __enter__(self) -> PipelineRuns:
         self.signals.check()
@@ -390,7 +385,7 @@ class PipelineRuns:
             self.signals.doing = f"while waiting for pipeline {self.pipeline}"
             stack.enter_context(self._lock())
             self.signals.doing = "while looking for dead runs"
-            for _step, pool in self.steps or [(None, None)]:
+            for pool in [pool for _step, pool in self.steps] or [None]:
                 reap(self.instance, self.pipeline, pool, self.who, self.say)
             self.signals.doing = "before any run started"
             self._stack = stack.pop_all()
@@ -501,37 +496,50 @@ def _strip_class(cls_name: str, message: str) -> str:
     return "" if first == cls_name or first.endswith("." + cls_name) else first
 
 
-def _cause(err):
+def _cause(err: SerializableErrorInfo) -> SerializableErrorInfo:
     """The first error inside Dagster's wrappers (DagsterExecutionStepExecutionError and the like)."""
-    while err is not None and err.cls_name and err.cls_name.startswith("Dagster") and (err.cause or err.context):
-        err = err.cause or err.context
+    while err.cls_name and err.cls_name.startswith("Dagster"):
+        inner = err.cause or err.context
+        if inner is None:
+            break
+        err = inner
     return err
 
 
-def run_error(res: dg.ExecuteInProcessResult) -> WireError:
+def run_error(res: dg.ExecuteInProcessResult, say: Callable[[str], None] | None = None) -> WireError:
     """A failed run's cause as one exception: the Wire error's own class (a WireInputError stays
     one: exit 2) or, for any other error, a WireError subclass of the same name; its message is
-    the error's first line. `.details` holds Dagster's full report (stack included) for -v."""
+    the error's first line. Verbose, `say` gets Dagster's whole report (stack included)."""
     from wire_dagster import errors
 
     events = res.all_events
     err = next((e.step_failure_data.error for e in events if e.is_step_failure and e.step_failure_data.error), None)
     failure = next((e for e in events if e.is_run_failure), None)
     if err is None and failure is not None:
-        err = getattr(failure.event_specific_data, "error", None)
+        err = failure.job_failure_data.error
     if err is None:  # a run failure without an error (a reaped run, say): its message
         said = (failure.message or "").strip() if failure is not None else ""
         exc = WireError(f"run {res.run_id[:8]} failed" + (f": {said.splitlines()[0]}" if said else ""))
-        exc.details = said  # type: ignore[attr-defined]
-        return exc
-    inner = _cause(err)
-    cls = getattr(errors, inner.cls_name or "", None)
-    if not (isinstance(cls, type) and issubclass(cls, WireError)):
-        cls = type(inner.cls_name or "WireError", (WireError,), {"__module__": "wire_dagster.errors"})
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, _strip_class(inner.cls_name, inner.message) or f"run {res.run_id[:8]} failed")
-    exc.details = err.to_string()  # type: ignore[attr-defined]
+        details = said
+    else:
+        inner = _cause(err)
+        name = inner.cls_name or "WireError"
+        cls = getattr(errors, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, WireError)):
+            cls = type(name, (WireError,), {"__module__": "wire_dagster.errors"})
+        exc = cls.__new__(cls)  # the class's own __init__ may want other arguments (ObjectExists(key))
+        Exception.__init__(exc, _strip_class(name, inner.message) or f"run {res.run_id[:8]} failed")
+        details = err.to_string()
+    if say is not None and verbose():
+        say(details)
     return exc
+
+
+def say_on(console) -> Callable[[str], None] | None:
+    """Lines printed as they are (no markup) on a rich console, if any."""
+    if console is None:
+        return None
+    return lambda line: console.print(line, markup=False, highlight=False)
 
 
 def quiet_libraries() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from sensors import job_name, request_partitions, sensor_name
-from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, verbose
+from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
@@ -51,10 +51,12 @@ def tick(
                 quiet_sensor_log(ctx)
                 result = sensor_def(ctx)
             runs.check()
+            assert isinstance(result, dg.SensorResult)  # build_sensor's sensors return one
             reqs = list(result.run_requests or [])
             if progress is not None:
                 progress(0, len(reqs))
             for i, rr in enumerate(reqs, start=1):
+                assert rr.run_key is not None  # run_requests keys every request
                 existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
                 if existing and existing[0].is_success:
                     # As the daemon does: a run key that already ran launches nothing.
@@ -69,7 +71,7 @@ def tick(
                 res = runs.execute(
                     partition_key=rr.partition_key, tags={**rr.tags, "dagster/run_key": rr.run_key}, what=rr.run_key
                 )
-                row = {
+                row: dict[str, object] = {
                     "run_key": rr.run_key,
                     "partition": request_partitions(rr),
                     "status": "SUCCESS" if res.success else "FAILURE",
@@ -79,9 +81,7 @@ def tick(
                     progress(i, len(reqs))
                 done.append(row)
                 if not res.success:
-                    row["error"] = run_error(res)
-                    if chatty is not None and verbose():
-                        chatty.print(row["error"].details, markup=False, highlight=False)
+                    row["error"] = run_error(res, say_on(console))
                     break  # the next runs would start from the same last commit
             if result.cursor is not None:
                 instance.run_storage.set_cursor_values({key: result.cursor})

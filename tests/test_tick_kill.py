@@ -125,6 +125,12 @@ def launched(stdout: str) -> list[str]:
     return re.findall(r"^run (\S+): SUCCESS$", stdout, flags=re.MULTILINE)
 
 
+def last_epoch(cp: Checkpoints) -> int:
+    """The last committed epoch (0: none)."""
+    m = cp.latest()
+    return 0 if m is None else m.epoch
+
+
 def new_home(tmp_path: Path) -> Path:
     """A Dagster home with Wire's instance config (as `wire` writes it), without touching this
     process's DAGSTER_HOME."""
@@ -206,7 +212,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
 
     # The uninterrupted duration D of a tick that commits one epoch; the kill moments are drawn in it.
     out, _, duration = finish(start_tick(env), 600, "the first tick")
-    assert len(launched(out)) == 1 and cp.latest().epoch == 1, out
+    assert len(launched(out)) == 1 and last_epoch(cp) == 1, out
     bound = max(120.0, 5 * duration)  # a tick after a kill: never minutes more than an uninterrupted one
 
     kills: list[tuple[float, int]] = []  # (moment, runs it left unfinished)
@@ -237,7 +243,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
         if len(kills) == RACE_AFTER:
             # Two ticks at once: one holds the pipeline, the other waits for it, then goes on
             # from its commits (new work, never the first one's again).
-            before = cp.latest().epoch
+            before = last_epoch(cp)
             a, b = start_tick(env), start_tick(env)
             (out_a, err_a, _), (out_b, err_b, _) = finish(a, bound, "racing tick A"), finish(b, bound, "racing tick B")
             waited = [
@@ -248,7 +254,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             assert len(waited) == 1, (err_a[-2000:], err_b[-2000:])
             keys_a, keys_b = launched(out_a), launched(out_b)
             assert keys_a and keys_b and not set(keys_a) & set(keys_b), (out_a, out_b)
-            assert cp.latest().epoch == before + 2
+            assert last_epoch(cp) == before + 2
             assert_settled(inst)
     assert len(kills) == KILLS, f"only {len(kills)} ticks were still running at their kill moment"
     assert any(n for _, n in kills), f"no kill left a run behind: {kills}"
@@ -265,6 +271,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
     # Exactly once: the batch aggregation, every event counted once, nothing late or duplicated.
     assert_results(store, spec, expected(spec, events))
     m = cp.latest()
+    assert m is not None
     t = m.totals
     assert t.balanced() and t.events_in == EVENTS and t.duplicate == 0 and t.malformed == 0, t
     assert t.counted == {w.name: EVENTS for w in spec.windows}, t.counted

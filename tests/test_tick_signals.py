@@ -28,7 +28,7 @@ import yaml
 from commit_scenario import assert_results, subprocess_env, wait_for, wire_exe
 from sensors import runs as R
 from test_cli_tick import PIPELINE, make_events
-from test_tick_kill import expected, new_home
+from test_tick_kill import expected, last_epoch, new_home
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.embedded import EmbeddedS3
 from wire_dagster.errors import CommitStateUnknown, WireError, WireInputError
@@ -162,7 +162,7 @@ def test_sigint_stops_a_waiting_tick_and_sigterm_a_running_one(store, cli_env, s
     c = Tick(env, tmp_path, "c")
     assert c.finish() == 0, c.stderr()[-3000:]
     assert re.fullmatch(rf"run {re.escape(NAME)}:e1:\S+: SUCCESS", c.stdout().strip()), c.stdout()
-    assert cp.latest().epoch == 1
+    assert last_epoch(cp) == 1
     assert_results(store, spec, expected(spec, {"0": make_events()}))
     print(f"SIGINT stopped the waiting tick in {took:.1f} s, SIGTERM the running one in {took_a:.1f} s")
 
@@ -211,12 +211,12 @@ def test_tick_waits_for_a_run_holding_the_pool_without_spinning(store, cli_env, 
         wait_for(lambda: waiting in second.stderr(), 300, second.p, "the next tick waits too")
         with dg.DagsterInstance.from_config(str(home)) as inst:
             inst.event_log_storage.free_concurrency_slots_for_run(rid)  # the daemon's run ends
-            inst.report_run_canceled(inst.get_run_by_id(rid))
+            inst.report_run_canceled(daemon_run)
         assert second.finish(300) == 0, second.stderr()[-3000:]
     finally:
         second.kill()
     assert re.fullmatch(rf"run {re.escape(NAME)}:e1:\S+: SUCCESS", second.stdout().strip()), second.stdout()
-    assert Checkpoints(store, spec.name).latest().epoch == 1 and pool_claims(home) == []
+    assert last_epoch(Checkpoints(store, spec.name)) == 1 and pool_claims(home) == []
 
 
 def test_failed_run_is_one_line_naming_the_wire_error(tmp_path: Path, cli_env, spark_remote) -> None:
@@ -249,8 +249,9 @@ def test_failed_run_is_one_line_naming_the_wire_error(tmp_path: Path, cli_env, s
         (run,) = pipeline_runs(home)
         assert run.status == dg.DagsterRunStatus.FAILURE and pool_claims(home) == []
         with dg.DagsterInstance.from_config(str(home)) as inst:
-            failures = [e for e in inst.all_logs(run.run_id) if e.dagster_event and e.dagster_event.is_step_failure]
-        assert failures and "Stack Trace:" in failures[0].dagster_event.step_failure_data.error.to_string()
+            failures = [e.dagster_event for e in inst.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)]
+        error = failures[0].step_failure_data.error if failures and failures[0] else None
+        assert error is not None and "Stack Trace:" in error.to_string()
     finally:
         if t is not None:
             t.kill()
@@ -313,8 +314,10 @@ def test_reap_fails_dead_runs_and_frees_their_slots_only(tmp_path: Path, monkeyp
     }
     ids = {k: str(uuid.uuid4()) for k in cases}
     with dg.DagsterInstance.from_config(str(home)) as inst:
-        for k, (status, t) in cases.items():
-            inst.add_run(dg.DagsterRun(job_name=f"{NAME}_job", run_id=ids[k], status=status, tags=t))
+        runs = {
+            k: inst.add_run(dg.DagsterRun(job_name=f"{NAME}_job", run_id=ids[k], status=status, tags=t))
+            for k, (status, t) in cases.items()
+        }
         beat = {"stale": time.time() - 300, "fresh": time.time()}
         for k, when in beat.items():
             inst.run_storage.set_cursor_values(
@@ -322,7 +325,7 @@ def test_reap_fails_dead_runs_and_frees_their_slots_only(tmp_path: Path, monkeyp
             )
         # claims: the finished run holds the slot; the killed run and two run-less claims wait
         for k in ("finished", "killed"):
-            with InstanceConcurrencyContext(inst, inst.get_run_by_id(ids[k])) as icc:
+            with InstanceConcurrencyContext(inst, runs[k]) as icc:
                 icc.claim(POOL, step)
         orphan, pending = str(uuid.uuid4()), str(uuid.uuid4())
         inst.run_storage.set_cursor_values(
@@ -337,7 +340,8 @@ def test_reap_fails_dead_runs_and_frees_their_slots_only(tmp_path: Path, monkeyp
         said: list[str] = []
         done = R.reap(inst, NAME, POOL, "test", said.append)
         assert done == said
-        status = {k: inst.get_run_by_id(ids[k]).status for k in cases}
+        status = {r.run_id: r.status for r in inst.get_runs()}
+        status = {k: status[ids[k]] for k in cases}
         assert status == {
             "alive": dg.DagsterRunStatus.STARTED,
             "killed": dg.DagsterRunStatus.FAILURE,
@@ -388,12 +392,16 @@ def _failing_job(exc: BaseException) -> dg.JobDefinition:
         (KeyError("k"), "KeyError", WireError, "'k'"),
     ],
 )
-def test_run_error_is_the_error_inside_dagsters_wrapper(exc, cls, base, line) -> None:
+def test_run_error_is_the_error_inside_dagsters_wrapper(exc, cls, base, line, monkeypatch) -> None:
+    """One exception naming the cause, of the Wire error's own class; Dagster's whole report only
+    when verbose."""
     res = _failing_job(exc).execute_in_process(raise_on_error=False, run_config=R.run_config())
-    err = R.run_error(res)
+    said: list[str] = []
+    monkeypatch.delenv("WIRE_DEBUG", raising=False)
+    err = R.run_error(res, said.append)
     assert type(err).__name__ == cls and isinstance(err, base) and str(err) == line
-    assert (
-        "Stack Trace:" in err.details
-        and "raise exc" in err.details
-        and "DagsterExecutionStepExecutionError" in err.details
-    )
+    assert said == []
+    monkeypatch.setenv("WIRE_DEBUG", "1")  # what `wire -v` sets
+    assert str(R.run_error(res, said.append)) == line
+    (report,) = said
+    assert "Stack Trace:" in report and "raise exc" in report and "DagsterExecutionStepExecutionError" in report

@@ -39,8 +39,9 @@ import yaml
 
 import reference
 from conftest import run_wire
-from wire_dagster import engine
-from wire_dagster.checkpoint import Checkpoints, Manifest, sha256
+from wire_dagster import results
+from wire_dagster.checkpoint import Checkpoints
+from wire_dagster.manifest import Manifest, sha256
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import Pipeline, load_pipeline
 from wire_dagster.streams import produce, read_stream
@@ -214,7 +215,7 @@ def read_all(store: ObjectStore, spec: Pipeline) -> dict[str, dict[tuple, dict]]
     """Committed results per window, keyed by window identity; fails on an identity seen twice."""
     out = {}
     for w in spec.windows:
-        rows = engine.read_results(store, spec, w.name).to_pylist()
+        rows = results.read_results(store, spec, w.name).to_pylist()
         ids = [(r["key"], r["window_start"], r["window_end"]) for r in rows]
         dup = [i for i, n in Counter(ids).items() if n > 1]
         assert not dup, f"{w.name}: window identities committed twice: {dup[:5]}"
@@ -253,7 +254,7 @@ def assert_counts(store: ObjectStore, spec: Pipeline, exp: Expected, stream_malf
     assert t.counted == {w: c["counted"] for w, c in exp.state.window_counts.items()}
     assert t.late == {w: c["late"] for w, c in exp.state.window_counts.items()}
     assert m.watermark == exp.watermarks[-1], f"W {m.watermark} != reference {exp.watermarks[-1]}"
-    letters = engine.read_dead_letters(store, spec)
+    letters = results.read_dead_letters(store, spec)
     got = Counter(
         (d["reason"], d["window"], d["segment"], d["chunk"], d["row"])
         for d in letters
@@ -398,7 +399,7 @@ def tumble_table(spec: Pipeline, rows: list[tuple[str, int, int]]):
     """Rows (key, window_start, n) of the `tumble` window as read_results returns them."""
     import pyarrow as pa
 
-    schema = engine._empty_output(spec, "tumble").schema
+    schema = results.empty_output(spec, "tumble").schema
     w = spec.window("tumble")
     return pa.Table.from_pylist(
         [
@@ -455,4 +456,4 @@ def hand_epoch(
 
 
 def tumble_rows(store: ObjectStore, spec: Pipeline) -> list[tuple[str, int, int]]:
-    return [(r["key"], r["window_start"], r["n"]) for r in engine.read_results(store, spec, "tumble").to_pylist()]
+    return [(r["key"], r["window_start"], r["n"]) for r in results.read_results(store, spec, "tumble").to_pylist()]

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:
-    from wire_dagster.checkpoint import Manifest
+    from wire_dagster.manifest import Manifest
     from wire_dagster.objectstore import ObjectStore
     from wire_dagster.sparkserver import EmbeddedSpark
     from wire_dagster.spec import Pipeline

@@ -28,7 +28,7 @@ import yaml
 
 import reference
 from conftest import run_wire
-from wire_dagster import engine, events, ingest, kernel, streams
+from wire_dagster import engine, events, ingest, kernel, results, streams
 from wire_dagster.aggregates import NOT_FINITE, OUT_OF_RANGE
 from wire_dagster.bucketkernel import event_errors
 from wire_dagster.objectstore import ObjectStore
@@ -327,7 +327,7 @@ def assert_batch_results(store: ObjectStore, spec: Pipeline, counted: list[dict]
 
     for w in spec.windows:
         want = by_window(reference.batch(spec, w, counted).values())
-        got = by_window(engine.read_results(store, spec, w.name).to_pylist())
+        got = by_window(results.read_results(store, spec, w.name).to_pylist())
         assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
             (r["key"], r["window_start"], r["window_end"]) for r in want
         ], w.name
@@ -388,7 +388,7 @@ def test_the_kernel_sets_aside_what_it_cannot_process_and_commits_the_rest(
     assert m.totals.malformed == errors + 1 and m.totals.duplicate == 1
     assert m.totals.events_in == len(HAND) + len(good) + 1 and m.totals.balanced()
 
-    letters = engine.read_dead_letters(store, spec)
+    letters = results.read_dead_letters(store, spec)
     got = sorted((d["segment"], d["chunk"], d["row"], d["reason"]) for d in letters)
     want = sorted(
         [("hand", 0, i, why) for i, (*_, why) in enumerate(HAND) if why]
@@ -399,7 +399,7 @@ def test_the_kernel_sets_aside_what_it_cannot_process_and_commits_the_rest(
     counted = [{"_t": T0 + dt, "_key": u, AMOUNT: a, GAP: g} for dt, u, _, a, g, why in HAND if not why]
     assert_batch_results(store, spec, counted + as_counted(good))
     mins = [
-        r["lo"] for r in engine.read_results(store, spec, "per_minute").to_pylist() if r["window_start"] == T0 + 60_000
+        r["lo"] for r in results.read_results(store, spec, "per_minute").to_pylist() if r["window_start"] == T0 + 60_000
     ]
     assert [math.copysign(1, x) for x in mins if x == 0] == [1]  # the -0.0 was stored as 0.0
 
@@ -413,7 +413,7 @@ def test_the_kernel_sets_aside_what_it_cannot_process_and_commits_the_rest(
     for w in spec.windows:
         keys = [(k, "ascending") for k in ("key", "window_start", "window_end")]
         outputs = again.windows[w.name].outputs.drop_columns(["retract"]).sort_by(keys)
-        assert outputs.to_pylist() == engine.read_results(store, spec, w.name).sort_by(keys).to_pylist(), w.name
+        assert outputs.to_pylist() == results.read_results(store, spec, w.name).sort_by(keys).to_pylist(), w.name
 
 
 # ------------------------------------------------------------------ end to end: wire produce, wire tick

@@ -13,9 +13,10 @@ import time
 import pytest
 
 from commit_scenario import T0, hand_epoch, staging_runs, tumble_rows, write_pipeline
-from wire_dagster import engine
-from wire_dagster.checkpoint import Checkpoints, sha256
+from wire_dagster import engine, results
+from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.errors import CommitConflict, CorruptManifest, ObjectNotFound
+from wire_dagster.manifest import sha256
 from wire_dagster.objectstore import ObjectStore
 
 P0, P1, P2 = T0, T0 + 10_000, T0 + 20_000
@@ -30,7 +31,7 @@ def test_prepared_manifests_never_change_what_readers_see(store: ObjectStore, sp
     """An uncommitted manifest (prepare without commit) — for the next epoch or one further
     ahead — changes neither read_results, latest(), committed() nor the published output."""
     cp = Checkpoints(store, spec.name)
-    assert engine.read_results(store, spec, "tumble").num_rows == 0
+    assert results.read_results(store, spec, "tumble").num_rows == 0
     m1 = hand_epoch(cp, spec, 1, "run-a", {P0: [("k", P0, 1)]})
     cp.publish(m1)
     seen = (tumble_rows(store, spec), {i.key: i.etag for i in store.list(cp.root + "output/")})

@@ -94,7 +94,7 @@ def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(
     assert m is not None and m.epoch >= 1
 
     # The committed results are the batch aggregation of the file's windows (closed stream, nothing late).
-    from wire_dagster.engine import read_results
+    from wire_dagster.results import read_results
 
     want = brute_force(spec, events)
     for w in spec.windows:

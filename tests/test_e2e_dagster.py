@@ -46,7 +46,7 @@ def assert_not_overlapping(runs: list[dict]) -> None:
 
 def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> None:
     from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.engine import read_results
+    from wire_dagster.results import read_results
 
     st = dagster_stack
     spec, store = st.spec, st.store

@@ -20,7 +20,7 @@ from kernel_harness import (
     event,
     events_table,
 )
-from wire_dagster import engine, events, kernel, streams
+from wire_dagster import engine, events, kernel, results, streams
 from wire_dagster.parquetio import parquet_bytes
 from wire_dagster.spec import pipeline_from_dict
 from wire_dagster.timeutil import INF, NEG_INF
@@ -220,7 +220,7 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
     reference.run_epoch(spec, ref, [], INF)
 
     for w in spec.windows:
-        got = engine.read_results(store, spec, w.name).to_pylist()
+        got = results.read_results(store, spec, w.name).to_pylist()
         assert len(got) == len({(r["key"], r["window_start"], r["window_end"]) for r in got})
         problems = diff_views(
             {(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name
@@ -233,7 +233,7 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
     assert m3.totals.duplicate == ref.counts["duplicate"] == 2
     assert m3.totals.malformed == 1 and m3.totals.events_in == ref.counts["in"] + 1
     assert m3.totals.balanced()
-    dls = engine.read_dead_letters(store, spec)
+    dls = results.read_dead_letters(store, spec)
     got_dead = sorted((d["reason"], d["window"] or "", d["segment"], d["chunk"], d["row"]) for d in dls)
     want_dead = sorted(
         [(r, w or "", e["_seg"], e["_seq"], e["_row"]) for r, w, e in ref.dead]
@@ -352,7 +352,7 @@ def test_epochs_of_one_spark_job_commit_what_a_job_per_epoch_commits(
         reference.run_epoch(per_job, ref, evs, ma.watermark)
     assert b.manifest is not None and b.manifest.watermark == INF
     for w in per_job.windows:
-        got = engine.read_results(store, batched, w.name).to_pylist()
+        got = results.read_results(store, batched, w.name).to_pylist()
         problems = diff_views(
             {(r["key"], r["window_start"], r["window_end"]): r for r in got}, ref.view[w.name], w.name
         )

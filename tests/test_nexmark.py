@@ -254,7 +254,8 @@ def test_wire_engine_matches_reference(tiny_data, store, spark):
     chunks, so sessions cross an epoch; q5 and q7: one, to keep the test short); the committed
     results equal the reference, and no bid is late or duplicate."""
     import compare
-    from wire_dagster.engine import process, read_results
+    from wire_dagster.engine import process
+    from wire_dagster.results import read_results
     from wire_dagster.spec import pipeline_from_dict
     from wire_dagster.streams import close_stream, produce
 

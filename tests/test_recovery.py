@@ -33,9 +33,10 @@ from commit_scenario import (
     wire_exe,
     write_pipeline,
 )
-from wire_dagster import engine
-from wire_dagster.checkpoint import Checkpoints, sha256
+from wire_dagster import engine, results
+from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.embedded import EmbeddedS3
+from wire_dagster.manifest import sha256
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.status import pipeline_status
 from wire_dagster.timeutil import iso
@@ -90,7 +91,7 @@ def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, c
         store = ObjectStore(cfg2)
         cp = Checkpoints(store, spec.name)
         assert cp.epochs() == [] and cp.latest() is None  # nothing prepared, nothing committed
-        reasons = {d["reason"] for d in engine.read_dead_letters(store, spec)}
+        reasons = {d["reason"] for d in results.read_dead_letters(store, spec)}
         assert (
             all(r.startswith("malformed: ") for r in reasons) and len(reasons) == 1
         )  # the one bad line, no I/O letter
@@ -99,7 +100,7 @@ def test_outage_during_spark_phase_fails_cleanly_then_recovers(tmp_path: Path, c
         assert "committed epochs 1..1" in out.stdout
         exp = expect(store, spec, [split], batch_lines(batch), batch_malformed(batch))
         assert_all(store, spec, exp)
-        assert {d["reason"] for d in engine.read_dead_letters(store, spec)} <= {"duplicate", "late"} | reasons
+        assert {d["reason"] for d in results.read_dead_letters(store, spec)} <= {"duplicate", "late"} | reasons
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

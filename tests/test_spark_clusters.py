@@ -415,7 +415,7 @@ class Dataset:
 def run_outputs(store, spec) -> dict:
     """Everything a run committed that must not depend on where Spark ran."""
     from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.engine import read_dead_letters, read_results
+    from wire_dagster.results import read_dead_letters, read_results
 
     m = Checkpoints(store, spec.name).latest()
     return {

@@ -13,17 +13,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .checkpoint import (
-    Checkpoints,
-    Counts,
-    Manifest,
-    Step,
-    new_run_id,
-    sha256,
-)
+from .checkpoint import Checkpoints, new_run_id
 from .engine import apply_changes
 from .errors import CommitConflict, ObjectNotFound, WireInputError
 from .kernel import epoch_chunks, run_epoch
+from .manifest import Counts, Manifest, Step, sha256
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
 from .partitions import between as partitions_between

@@ -13,7 +13,7 @@ manifest; commit creates the marker with `If-None-Match: *`, so exactly one run
 wins an epoch. Readers and restarts trust only epochs whose marker exists, and
 the committed manifest is the desired content of the output: published copies
 that differ from it are rewritten from the staged files it names (Materialize's
-persist sink), never the other way round.
+persist sink), never the other way round. What a manifest holds is manifest.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from .errors import (
     CommitConflict,
@@ -36,119 +34,12 @@ from .errors import (
     ObjectStoreError,
 )
 from .faults import fault
+from .manifest import FileRef, Manifest, Marker, Step, sha256
 from .objectstore import ObjectStore, ObjInfo
 from .spec import check_name
 from .timeutil import now_ms
 
-MANIFEST_VERSION = 1
 PUBLISH_THREADS = 8  # partitions published side by side (each a few round trips to the store)
-
-
-class FileRef(BaseModel):
-    """A staged file a manifest points at, with what it must contain."""
-
-    model_config = ConfigDict(frozen=True)
-    key: str
-    sha256: str
-    rows: int
-    bytes: int
-    epoch: int  # the epoch that wrote it
-    md5: str | None = None  # hex; an S3 ETag of a single PUT: checks a published copy from a listing
-
-
-class SegmentRecord(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    next_seq: int
-    max_t: int
-    last_ingest: int
-    sealed_at: int | None = None
-
-
-class Counts(BaseModel):
-    """Conservation, per window: in == counted + late + duplicate + malformed."""
-
-    events_in: int = 0  # records read: valid events + malformed
-    malformed: int = 0
-    duplicate: int = 0
-    counted: dict[str, int] = {}
-    late: dict[str, int] = {}
-
-    def add(self, other: Counts) -> Counts:
-        keys = set(self.counted) | set(other.counted)
-        return Counts(
-            events_in=self.events_in + other.events_in,
-            malformed=self.malformed + other.malformed,
-            duplicate=self.duplicate + other.duplicate,
-            counted={k: self.counted.get(k, 0) + other.counted.get(k, 0) for k in sorted(keys)},
-            late={k: self.late.get(k, 0) + other.late.get(k, 0) for k in sorted(keys)},
-        )
-
-    def balanced(self) -> bool:
-        return all(
-            self.events_in == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed
-            for w in self.counted
-        )
-
-
-class Manifest(BaseModel):
-    """Everything epoch N committed; versioned and validated on load."""
-
-    model_config = ConfigDict(frozen=True)
-    version: Literal[1] = MANIFEST_VERSION
-    pipeline: str
-    epoch: int
-    previous: int | None
-    run_id: str
-    kind: Literal["process", "rewind", "backfill"] = "process"
-    rewound_to: int | None = None
-    fingerprint: str
-    config: dict
-    remap: dict[str, int]
-    segments: dict[str, SegmentRecord]
-    segment_watermarks: dict[str, int]
-    decisions: dict[str, str]
-    watermark: int
-    prev_watermark: int
-    chunks: dict[str, list[int]] = {}  # segment -> [first, last] sequence read in this epoch
-    outputs: dict[str, dict[str, FileRef]] = {}  # window -> partition start (ms, as str) -> full content
-    changed: dict[str, list[int]] = {}  # window -> partitions whose content changed in this epoch
-    state: dict[str, FileRef] = {}
-    ids: FileRef | None = None
-    dead_letters: list[FileRef] = []  # every committed epoch's late/duplicate letters, oldest first
-    counts: Counts = Counts()  # this epoch
-    totals: Counts = Counts()  # since epoch 0 (on this timeline)
-    replay: list[dict] = []  # remaps/decisions still to replay after a rewind, oldest first
-    created_ms: int = 0
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1).encode()
-
-    def files(self) -> list[FileRef]:
-        out = [f for parts in self.outputs.values() for f in parts.values()]
-        out += list(self.state.values()) + list(self.dead_letters)
-        if self.ids:
-            out.append(self.ids)
-        return out
-
-
-@dataclass(frozen=True)
-class Marker:
-    run_id: str
-    manifest: str
-    sha256: str
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-@dataclass(frozen=True)
-class Step:
-    """One processing epoch of a pipeline's timeline: what it read and the watermark it reached."""
-
-    epoch: int
-    remap: dict[str, int]
-    watermark: int
 
 
 class Checkpoints:
@@ -229,7 +120,9 @@ class Checkpoints:
         if not files:
             return 0, []
         d = json.loads(self.store.get(files[-1]))
-        return int(d["upto"]), [Step(int(x["epoch"]), {k: int(v) for k, v in x["remap"].items()}, int(x["watermark"])) for x in d["steps"]]
+        return int(d["upto"]), [
+            Step(int(x["epoch"]), {k: int(v) for k, v in x["remap"].items()}, int(x["watermark"])) for x in d["steps"]
+        ]
 
     def timeline(self, upto: int) -> list[Step]:
         """The processing epochs that led to epoch `upto`, oldest first: a rewind cuts the
@@ -254,7 +147,10 @@ class Checkpoints:
         if upto <= base:
             return
         steps = self.timeline(upto)
-        body = {"upto": upto, "steps": [{"epoch": st.epoch, "remap": st.remap, "watermark": st.watermark} for st in steps]}
+        body = {
+            "upto": upto,
+            "steps": [{"epoch": st.epoch, "remap": st.remap, "watermark": st.watermark} for st in steps],
+        }
         try:
             self.store.create_if_absent(self.timeline_key(upto), json.dumps(body, sort_keys=True).encode())
         except ObjectExists:
@@ -271,7 +167,9 @@ class Checkpoints:
     def stage(self, run_id: str, rel: str, data: bytes, rows: int, epoch: int) -> FileRef:
         key = self.staging_prefix(run_id) + rel
         self.store.put(key, data)
-        return FileRef(key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch, md5=hashlib.md5(data).hexdigest())
+        return FileRef(
+            key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch, md5=hashlib.md5(data).hexdigest()
+        )
 
     def prepare(self, manifest: Manifest) -> str:
         key = self.manifest_key(manifest.epoch, manifest.run_id)
@@ -302,7 +200,8 @@ class Checkpoints:
         won = self.marker(manifest.epoch)
         if won is None or won.run_id != manifest.run_id:
             raise CommitConflict(
-                f"epoch {manifest.epoch} of {self.pipeline} was committed by run {won.run_id if won else '?'}; this run aborts"
+                f"epoch {manifest.epoch} of {self.pipeline} was committed by run {won.run_id if won else '?'}; "
+                "this run aborts"
             )
         fault("after-marker")
 
@@ -322,7 +221,8 @@ class Checkpoints:
             won = self.marker(n)
             if won is not None:
                 raise CommitConflict(
-                    f"epoch {manifest.epoch} of {self.pipeline}: epoch {n} is already committed (run {won.run_id}); this run aborts"
+                    f"epoch {manifest.epoch} of {self.pipeline}: epoch {n} is already committed (run {won.run_id}); "
+                    "this run aborts"
                 )
 
     def abort(self, run_id: str) -> int:
@@ -414,8 +314,12 @@ class Checkpoints:
         else:
             # A requested partition the manifest no longer names (a retraction or a backfill left it
             # empty) has no published copy any more either.
-            stray = [k for w, ps in windows_partitions.items() for p in ps
-                     if (k := self.published_key(w, int(p))) not in names and self.store.head(k) is not None]
+            stray = [
+                k
+                for w, ps in windows_partitions.items()
+                for p in ps
+                if (k := self.published_key(w, int(p))) not in names and self.store.head(k) is not None
+            ]
         self.store.delete_many(stray)
         fixed += stray
         return fixed

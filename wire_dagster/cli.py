@@ -280,7 +280,7 @@ def _results_table(spec, window: str):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from .engine import read_results
+    from .results import read_results
 
     t = read_results(_store(), spec, window)
     for c in ("window_start", "window_end"):
@@ -343,7 +343,7 @@ def read(
 @app.command()
 def dlq(pipeline: str = PIPELINE, format: Fmt = typer.Option(Fmt.table, "--format")):
     """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position."""
-    from .engine import read_dead_letters
+    from .results import read_dead_letters
 
     spec = _spec(pipeline)
     if format == Fmt.parquet:

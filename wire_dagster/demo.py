@@ -69,8 +69,8 @@ def demo_batches(seed: int = 7) -> list[tuple[str, list[str]]]:
 def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
     from rich.table import Table
 
-    from .engine import read_dead_letters, read_results
     from .objectstore import ObjectStore
+    from .results import read_dead_letters, read_results
     from .spec import find_pipeline
     from .status import pipeline_status
     from .streams import close_stream, produce

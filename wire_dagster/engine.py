@@ -2,7 +2,7 @@
 
 Data flows one way (DESIGN §5): stream chunks → reader (offsets, watermark) →
 Spark kernel (windows, lateness, state) → staging → manifest → commit marker →
-committed results → readers. Each function here is what a Dagster asset, the
+committed results → readers (results.py). Each function here is what a Dagster asset, the
 CLI and the tests call; none of them imports Dagster.
 
 A backlog's epochs are planned from chunk metadata (`reclock.plan_job`) and, as far as
@@ -26,13 +26,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import partitions, reclock, settings
-from .checkpoint import Checkpoints, Counts, FileRef, Manifest, SegmentRecord, new_run_id
+from .checkpoint import Checkpoints, new_run_id
 from .duck import duckdb_connection
 from .errors import CommitConflict, ObjectStoreError, WireError, WireInputError
 from .faults import fault, pause
-from .kernel import DEAD_LETTER, EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
+from .kernel import EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
+from .manifest import Counts, FileRef, Manifest, SegmentRecord
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
+from .results import read_file
 from .sparksession import started_session
 from .spec import Pipeline
 from .streams import read_stream
@@ -50,12 +52,6 @@ class Outcome:
     committed: list[int] = field(default_factory=list)  # epochs this call committed
     repaired: list[str] = field(default_factory=list)  # published files self-correction rewrote
     pending: int = 0  # chunks still unread after the call
-
-
-def _read_table(store: ObjectStore, ref: FileRef | None) -> pa.Table | None:
-    if ref is None:
-        return None
-    return pq.read_table(io.BytesIO(store.get(ref.key)))
 
 
 def _stored(store: ObjectStore, ref: FileRef | None) -> Stored | None:
@@ -309,7 +305,7 @@ def _commit_epoch(
         """A touched partition's new content (its committed file merged with the epoch's rows), staged."""
         name, p, rows = job
         prior = outputs[name].get(str(p))
-        new = apply_changes(_read_table(store, prior), rows)
+        new = apply_changes(read_file(store, prior), rows)
         return name, p, prior, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(new), new.num_rows, epoch)
 
     # Partitions (and state files) are staged side by side: reads, merges, Parquet encoding and
@@ -467,67 +463,3 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
     cp.commit(m)
     cp.publish(m)
     return m
-
-
-# ---------------------------------------------------------------------------
-# Readers: committed results only, by following the latest committed manifest.
-
-
-def result_files(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> list[FileRef]:
-    """The staged files holding the committed content of a window (optionally some partitions)."""
-    spec.window(window)
-    m = Checkpoints(store, spec.name).latest()
-    if m is None:
-        return []
-    parts = m.outputs.get(window, {})
-    keys = sorted(parts, key=int)
-    if partitions is not None:
-        keys = [k for k in keys if int(k) in set(partitions)]
-    return [parts[k] for k in keys]
-
-
-def read_results(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> pa.Table:
-    """The committed results of a window: the latest version of each window, retractions applied."""
-    from .aggregates import output_ddl
-
-    refs = result_files(store, spec, window, partitions)
-    tables = [_read_table(store, r) for r in refs]
-    tables = [t for t in tables if t is not None and t.num_rows]
-    if not tables:
-        return _empty_output(spec, window)
-    del output_ddl
-    return pa.concat_tables(tables).sort_by([("key", "ascending"), ("window_start", "ascending")])
-
-
-def _empty_output(spec: Pipeline, window: str) -> pa.Table:
-    w = spec.window(window)
-    fields = [pa.field("key", pa.string()), pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
-    for a in w.aggregates:
-        fields.append(pa.field(a.name, pa.int64() if a.func in ("count", "count_distinct") else pa.float64()))
-    return pa.schema(fields).empty_table()
-
-
-def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
-    """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
-    from .streams import iter_dead_letters
-
-    out: list[dict] = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
-    m = Checkpoints(store, spec.name).latest()
-    for ref in m.dead_letters if m else []:
-        for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():
-            out.append(
-                {
-                    "reason": r["reason"],
-                    "record": r["event"],
-                    "stream": spec.stream,
-                    "segment": r["segment"],
-                    "chunk": r["chunk"],
-                    "row": r["row"],
-                    "window": r["window"],
-                    "epoch": r["epoch"],
-                }
-            )
-    return out
-
-
-assert DEAD_LETTER  # re-exported for readers

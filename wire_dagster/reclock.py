@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import settings
-from .checkpoint import Manifest, SegmentRecord
 from .errors import WireInputError
+from .manifest import Manifest, SegmentRecord
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import ChunkMeta, SegmentView, read_stream, views_from

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .checkpoint import Checkpoints, Manifest
+from .checkpoint import Checkpoints
 from .engine import process
 from .errors import CommitConflict
+from .manifest import Manifest
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .status import partition_report

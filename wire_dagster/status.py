@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import partitions
-from .checkpoint import Checkpoints, Manifest
+from .checkpoint import Checkpoints
+from .manifest import Manifest
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import read_stream

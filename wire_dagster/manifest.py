@@ -1,0 +1,126 @@
+"""The epoch manifest (DESIGN §3): what a committed epoch is — its schema, versioned and validated
+on load — and the commit marker that names the winning attempt.
+
+A manifest names every file of its epoch (outputs per window and partition, state, id memory,
+dead letters) by key, content hash, rows and size, with the offsets, clocks and watermark the
+epoch reached and the counts that must balance; checkpoint.py writes, fences, commits,
+publishes and collects them, and everything else reads them through these types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+MANIFEST_VERSION = 1
+
+
+class FileRef(BaseModel):
+    """A staged file a manifest points at, with what it must contain."""
+
+    model_config = ConfigDict(frozen=True)
+    key: str
+    sha256: str
+    rows: int
+    bytes: int
+    epoch: int  # the epoch that wrote it
+    md5: str | None = None  # hex; an S3 ETag of a single PUT: checks a published copy from a listing
+
+
+class SegmentRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    next_seq: int
+    max_t: int
+    last_ingest: int
+    sealed_at: int | None = None
+
+
+class Counts(BaseModel):
+    """Conservation, per window: in == counted + late + duplicate + malformed."""
+
+    events_in: int = 0  # records read: valid events + malformed
+    malformed: int = 0
+    duplicate: int = 0
+    counted: dict[str, int] = {}
+    late: dict[str, int] = {}
+
+    def add(self, other: Counts) -> Counts:
+        keys = set(self.counted) | set(other.counted)
+        return Counts(
+            events_in=self.events_in + other.events_in,
+            malformed=self.malformed + other.malformed,
+            duplicate=self.duplicate + other.duplicate,
+            counted={k: self.counted.get(k, 0) + other.counted.get(k, 0) for k in sorted(keys)},
+            late={k: self.late.get(k, 0) + other.late.get(k, 0) for k in sorted(keys)},
+        )
+
+    def balanced(self) -> bool:
+        return all(
+            self.events_in == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed
+            for w in self.counted
+        )
+
+
+class Manifest(BaseModel):
+    """Everything epoch N committed; versioned and validated on load."""
+
+    model_config = ConfigDict(frozen=True)
+    version: Literal[1] = MANIFEST_VERSION
+    pipeline: str
+    epoch: int
+    previous: int | None
+    run_id: str
+    kind: Literal["process", "rewind", "backfill"] = "process"
+    rewound_to: int | None = None
+    fingerprint: str
+    config: dict
+    remap: dict[str, int]
+    segments: dict[str, SegmentRecord]
+    segment_watermarks: dict[str, int]
+    decisions: dict[str, str]
+    watermark: int
+    prev_watermark: int
+    chunks: dict[str, list[int]] = {}  # segment -> [first, last] sequence read in this epoch
+    outputs: dict[str, dict[str, FileRef]] = {}  # window -> partition start (ms, as str) -> full content
+    changed: dict[str, list[int]] = {}  # window -> partitions whose content changed in this epoch
+    state: dict[str, FileRef] = {}
+    ids: FileRef | None = None
+    dead_letters: list[FileRef] = []  # every committed epoch's late/duplicate letters, oldest first
+    counts: Counts = Counts()  # this epoch
+    totals: Counts = Counts()  # since epoch 0 (on this timeline)
+    replay: list[dict] = []  # remaps/decisions still to replay after a rewind, oldest first
+    created_ms: int = 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1).encode()
+
+    def files(self) -> list[FileRef]:
+        out = [f for parts in self.outputs.values() for f in parts.values()]
+        out += list(self.state.values()) + list(self.dead_letters)
+        if self.ids:
+            out.append(self.ids)
+        return out
+
+
+@dataclass(frozen=True)
+class Marker:
+    run_id: str
+    manifest: str
+    sha256: str
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One processing epoch of a pipeline's timeline: what it read and the watermark it reached."""
+
+    epoch: int
+    remap: dict[str, int]
+    watermark: int

@@ -1,0 +1,78 @@
+"""Readers (DESIGN §3): committed results only, found by following the latest committed manifest.
+
+A reader never lists staging or published copies: what the latest commit marker's manifest
+names is the content, whatever an uncommitted attempt or a half-done publish left in the store.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .checkpoint import Checkpoints
+from .manifest import FileRef
+from .objectstore import ObjectStore
+from .spec import Pipeline
+from .streams import iter_dead_letters
+
+
+def read_file(store: ObjectStore, ref: FileRef | None) -> pa.Table | None:
+    """The table of a staged file a manifest names (None for none)."""
+    if ref is None:
+        return None
+    return pq.read_table(io.BytesIO(store.get(ref.key)))
+
+
+def result_files(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> list[FileRef]:
+    """The staged files holding the committed content of a window (optionally some partitions)."""
+    spec.window(window)
+    m = Checkpoints(store, spec.name).latest()
+    if m is None:
+        return []
+    parts = m.outputs.get(window, {})
+    keys = sorted(parts, key=int)
+    if partitions is not None:
+        keys = [k for k in keys if int(k) in set(partitions)]
+    return [parts[k] for k in keys]
+
+
+def read_results(store: ObjectStore, spec: Pipeline, window: str, partitions: list[int] | None = None) -> pa.Table:
+    """The committed results of a window: the latest version of each window, retractions applied."""
+    refs = result_files(store, spec, window, partitions)
+    tables = [read_file(store, r) for r in refs]
+    tables = [t for t in tables if t is not None and t.num_rows]
+    if not tables:
+        return empty_output(spec, window)
+    return pa.concat_tables(tables).sort_by([("key", "ascending"), ("window_start", "ascending")])
+
+
+def empty_output(spec: Pipeline, window: str) -> pa.Table:
+    """A window's results with no row: their columns and types."""
+    w = spec.window(window)
+    fields = [pa.field("key", pa.string()), pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
+    for a in w.aggregates:
+        fields.append(pa.field(a.name, pa.int64() if a.func in ("count", "count_distinct") else pa.float64()))
+    return pa.schema(fields).empty_table()
+
+
+def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
+    """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
+    out: list[dict] = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
+    m = Checkpoints(store, spec.name).latest()
+    for ref in m.dead_letters if m else []:
+        for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():
+            out.append(
+                {
+                    "reason": r["reason"],
+                    "record": r["event"],
+                    "stream": spec.stream,
+                    "segment": r["segment"],
+                    "chunk": r["chunk"],
+                    "row": r["row"],
+                    "window": r["window"],
+                    "epoch": r["epoch"],
+                }
+            )
+    return out

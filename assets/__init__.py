@@ -16,11 +16,10 @@ output path would stamp one data version on every partition of a range
 partition instead (the asset specs are `skippable` for that).
 """
 
-
 import base64
 from collections.abc import Callable
 from contextvars import ContextVar
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -51,9 +50,9 @@ def partition_cron(spec: Pipeline) -> str:
 
 
 def partitions_def(spec: Pipeline) -> dg.TimeWindowPartitionsDefinition:
-    start = datetime.fromtimestamp(spec.start / 1000, tz=timezone.utc)
+    start = datetime.fromtimestamp(spec.start / 1000, tz=UTC)
     if spec.end is not None:  # a bounded event-time range: exactly its partitions
-        end = datetime.fromtimestamp(spec.end / 1000, tz=timezone.utc)
+        end = datetime.fromtimestamp(spec.end / 1000, tz=UTC)
         return dg.TimeWindowPartitionsDefinition(
             start=start, end=end, fmt=PARTITION_FMT, cron_schedule=partition_cron(spec), timezone="UTC"
         )
@@ -65,7 +64,7 @@ def partitions_def(spec: Pipeline) -> dg.TimeWindowPartitionsDefinition:
 
 
 def partition_key(spec: Pipeline, start_ms: int) -> str:
-    return datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc).strftime(PARTITION_FMT)
+    return datetime.fromtimestamp(start_ms / 1000, tz=UTC).strftime(PARTITION_FMT)
 
 
 def window_key(spec: Pipeline, window: str) -> dg.AssetKey:
@@ -115,7 +114,9 @@ def run_partitions(spec: Pipeline, context: dg.AssetExecutionContext) -> list[in
     parts = list(range(_ms(tw.start), _ms(tw.end), spec.partition))
     keys = list(context.partition_keys)
     if [partition_key(spec, p) for p in parts] != keys:
-        raise WireInputError(f"run partitions {keys[:3]}... do not match the pipeline's {format_duration(spec.partition)} partitions")
+        raise WireInputError(
+            f"run partitions {keys[:3]}... do not match the pipeline's {format_duration(spec.partition)} partitions"
+        )
     return parts
 
 
@@ -153,11 +154,30 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
             skippable=True,
         )
     )
-    checks = [dg.AssetCheckSpec("partition_complete", asset=window_key(spec, w.name), description="final (W >= end + lateness) vs provisional") for w in spec.windows]
+    checks = [
+        dg.AssetCheckSpec(
+            "partition_complete",
+            asset=window_key(spec, w.name),
+            description="final (W >= end + lateness) vs provisional",
+        )
+        for w in spec.windows
+    ]
     checks += [
-        dg.AssetCheckSpec("watermark_lag", asset=dead_letter_key(spec), description=f"event-time lag of the watermark <= {format_duration(spec.orchestration.max_watermark_lag)}"),
-        dg.AssetCheckSpec("conservation", asset=dead_letter_key(spec), description="in = counted + late + duplicate + malformed, per window, per epoch and in total"),
-        dg.AssetCheckSpec("dead_letter_rate", asset=dead_letter_key(spec), description=f"dead letters / events <= {spec.orchestration.max_dead_letter_rate}"),
+        dg.AssetCheckSpec(
+            "watermark_lag",
+            asset=dead_letter_key(spec),
+            description=f"event-time lag of the watermark <= {format_duration(spec.orchestration.max_watermark_lag)}",
+        ),
+        dg.AssetCheckSpec(
+            "conservation",
+            asset=dead_letter_key(spec),
+            description="in = counted + late + duplicate + malformed, per window, per epoch and in total",
+        ),
+        dg.AssetCheckSpec(
+            "dead_letter_rate",
+            asset=dead_letter_key(spec),
+            description=f"dead letters / events <= {spec.orchestration.max_dead_letter_rate}",
+        ),
     ]
 
     @dg.multi_asset(
@@ -174,7 +194,9 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
     def _windows(context: dg.AssetExecutionContext, wire_store: ObjectStoreResource, wire_spark: SparkResource):
         from wire_dagster.sparksession import LazySession, preload_client
 
-        preload_client(wire_spark.master or None, wire_spark.remote or None)  # overlaps the run's first reads of the store
+        preload_client(
+            wire_spark.master or None, wire_spark.remote or None
+        )  # overlaps the run's first reads of the store
         # Started on first use: a run with nothing pending (it only reports) never starts Spark.
         yield from _run(spec, context, wire_store.get_store(), LazySession(wire_spark.get_session))
 
@@ -207,8 +229,13 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
 
         m = backfill(store, spec, spark, parts, progress=progress)
         span = f"[{iso(parts[0])}, {iso(parts[-1] + spec.partition)})"
-        context.log.info(f"backfill of {span}: " + (f"committed epoch {m.epoch}" if m else "reproduced the committed content"))
-        outcome = {w.name: {p: (m.epoch if m and p in set(m.changed.get(w.name, [])) else None) for p in parts} for w in spec.windows}
+        context.log.info(
+            f"backfill of {span}: " + (f"committed epoch {m.epoch}" if m else "reproduced the committed content")
+        )
+        outcome = {
+            w.name: {p: (m.epoch if m and p in set(m.changed.get(w.name, [])) else None) for p in parts}
+            for w in spec.windows
+        }
         manifest = Checkpoints(store, spec.name).latest()
     reports = {p: partition_report(spec, manifest, p) for p in parts}
     chart = plot_watermarks(store, spec, _chart_path(spec), reuse=True)
@@ -223,9 +250,13 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
             yield dg.MaterializeResult(
                 asset_key=window_key(spec, w.name),
                 data_version=dg.DataVersion(wr["data_version"]),
-                metadata=_window_metadata(spec, w.name, report, outcome is not None, outcome[w.name][p] if outcome is not None else None),
+                metadata=_window_metadata(
+                    spec, w.name, report, outcome is not None, outcome[w.name][p] if outcome is not None else None
+                ),
             )
-        yield dg.MaterializeResult(asset_key=dead_letter_key(spec), metadata=_dead_letter_metadata(report, chart, chart_md))
+        yield dg.MaterializeResult(
+            asset_key=dead_letter_key(spec), metadata=_dead_letter_metadata(report, chart, chart_md)
+        )
     else:
         # One event per partition and asset, each with its own data version (see the module docstring).
         tags = {_DATA_VERSION_USER_TAG: "true", _CODE_VERSION_TAG: context.run_id}
@@ -236,7 +267,13 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
                     dg.AssetMaterialization(
                         asset_key=window_key(spec, w.name),
                         partition=pk,
-                        metadata=_window_metadata(spec, w.name, report, outcome is not None, outcome[w.name][p] if outcome is not None else None),
+                        metadata=_window_metadata(
+                            spec,
+                            w.name,
+                            report,
+                            outcome is not None,
+                            outcome[w.name][p] if outcome is not None else None,
+                        ),
                         tags={**tags, _DATA_VERSION_TAG: report["windows"][w.name]["data_version"]},
                     )
                 )
@@ -251,8 +288,11 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
 
     first = reports[parts[0]]
     final = [p for p in parts if reports[p]["final"]]
-    status = {"final": len(final), "provisional": sum(1 for p in parts if reports[p]["ready"] and not reports[p]["final"]),
-              "not ready": sum(1 for p in parts if not reports[p]["ready"])}
+    status = {
+        "final": len(final),
+        "provisional": sum(1 for p in parts if reports[p]["ready"] and not reports[p]["final"]),
+        "not ready": sum(1 for p in parts if not reports[p]["ready"]),
+    }
     for w in spec.windows:  # a range run: one check result per window for the whole range
         yield dg.AssetCheckResult(
             asset_key=window_key(spec, w.name),
@@ -260,7 +300,8 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
             passed=len(final) == len(parts),
             severity=dg.AssetCheckSeverity.WARN,
             metadata=(
-                {"status": _status(first), "watermark": first["watermark"]} if len(parts) == 1
+                {"status": _status(first), "watermark": first["watermark"]}
+                if len(parts) == 1
                 else {**{f"partitions {k}": v for k, v in status.items()}, "watermark": first["watermark"]}
             ),
         )

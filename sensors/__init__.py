@@ -9,7 +9,6 @@ partitions) so a tick never launches twice, and a cursor whose epoch moves only 
 commits. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
 """
 
-
 import dagster as dg
 
 from assets import RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags
@@ -35,7 +34,9 @@ def run_requests(spec: Pipeline, store, cursor: str | None) -> tuple[list[dg.Run
     for s in p.runs:
         tags = {**pipeline_tags(spec), "wire/epoch": s.epochs, "wire/reason": ",".join(s.reasons)}
         if s.first == s.last:
-            reqs.append(dg.RunRequest(run_key=s.run_key(spec.name), partition_key=partition_key(spec, s.first), tags=tags))
+            reqs.append(
+                dg.RunRequest(run_key=s.run_key(spec.name), partition_key=partition_key(spec, s.first), tags=tags)
+            )
         else:
             tags.update({RANGE_START_TAG: partition_key(spec, s.first), RANGE_END_TAG: partition_key(spec, s.last)})
             reqs.append(dg.RunRequest(run_key=s.run_key(spec.name), tags=tags))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import dagster as dg
 
@@ -26,7 +25,7 @@ from wire_dagster.timeutil import iso
 
 def backfill(
     spec: Pipeline,
-    pipelines: Path,
+    load_definitions: Callable[[], dg.Definitions],
     partitions: list[int],
     console=None,
     progress: Callable[[int, int], None] | None = None,
@@ -38,14 +37,13 @@ def backfill(
     "partition", "partition_key", "result" (reproduced|changed), "epoch" (the new epoch, when
     changed), "changed_windows", "windows": {window: {"result", "epoch", "data_version"}}}]}.
     `progress(epochs replayed, epochs in total)` drives a display. Raises
-    `sensors.runs.Interrupted` on SIGINT/SIGTERM.
+    `sensors.runs.Interrupted` on SIGINT/SIGTERM. `load_definitions` builds the code location's
+    Definitions (as for `sensors.tick.tick`).
     """
-    from definitions import build_definitions
-
     with Signals() as signals:
         quiet_libraries()
         ensure_dagster_home()
-        defs = build_definitions(pipelines)
+        defs = load_definitions()
         instance = dg.DagsterInstance.get()
         job = defs.resolve_job_def(job_name(spec))
         keys = [partition_key(spec, p) for p in partitions]

@@ -6,7 +6,6 @@ and their slots freed first, SIGINT/SIGTERM stop a tick within seconds, and a fa
 line naming its cause (`sensors.runs`)."""
 
 from collections.abc import Callable
-from pathlib import Path
 
 import dagster as dg
 
@@ -17,14 +16,18 @@ from wire_dagster.spec import Pipeline
 
 
 def tick(
-    spec: Pipeline, pipelines: Path, console=None, progress: Callable[[int, int], None] | None = None
+    spec: Pipeline,
+    load_definitions: Callable[[], dg.Definitions],
+    console=None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[dict]:
     """The runs launched (run_key, partition, status SUCCESS|FAILURE, run_id; a failure also
     `error`: its cause as one exception, `sensors.runs.run_error`); requests whose run key already
     ran successfully are skipped, as the daemon skips them, and are not returned. The first failed
     run ends the tick. `progress(requests handled, requests)` is called before the first run and
-    after each request. Raises `sensors.runs.Interrupted` on SIGINT/SIGTERM."""
-    from definitions import build_definitions
+    after each request. Raises `sensors.runs.Interrupted` on SIGINT/SIGTERM. `load_definitions`
+    builds the code location's Definitions (the CLI passes `definitions.build_definitions` of the
+    pipeline's file: this layer never imports the one above it)."""
     from resources import default_resources
     from wire_dagster.sparksession import preload_client
 
@@ -32,7 +35,7 @@ def tick(
         quiet_libraries()
         preload_client()  # imported while the sensor reads the stream and Dagster creates the run
         ensure_dagster_home()
-        defs = build_definitions(pipelines)
+        defs = load_definitions()
         instance = dg.DagsterInstance.get()
         sensor_def = defs.resolve_sensor_def(sensor_name(spec))
         job = defs.resolve_job_def(job_name(spec))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -19,16 +19,20 @@ from rich.table import Table
 
 from .errors import WireInputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark."
+)
 s3_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
 app.add_typer(s3_app, name="s3")
-spark_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded Spark Connect server (runs attach to it).")
+spark_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="The embedded Spark Connect server (runs attach to it)."
+)
 app.add_typer(spark_app, name="spark")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-class Fmt(str, Enum):
+class Fmt(StrEnum):
     table = "table"
     jsonl = "jsonl"
     parquet = "parquet"
@@ -53,11 +57,16 @@ def _spec(name: str):
     return find_pipeline(name, project_pipelines())
 
 
-def _definitions_of(spec) -> Path:
-    """What `wire tick` and `wire backfill` build the Dagster definitions from: the pipeline's own
-    file (`--pipeline` named it, or it is the one file in WIRE_PIPELINES declaring the name), so a
-    file outside WIRE_PIPELINES ticks too."""
-    return Path(spec.source) if spec.source else project_pipelines()
+def _definitions_of(spec):
+    """A builder of the Dagster definitions `wire tick` and `wire backfill` run: those of the
+    pipeline's own file (`--pipeline` named it, or it is the one file in WIRE_PIPELINES declaring
+    the name), so a file outside WIRE_PIPELINES ticks too. The CLI entry point is one of the two
+    places allowed to join the core and the Dagster layer: `sensors/` never imports
+    `definitions.py`, it is handed this builder."""
+    from definitions import build_definitions
+
+    source = Path(spec.source) if spec.source else project_pipelines()
+    return lambda: build_definitions(source)
 
 
 def _check_output(path: Path | None, flag: str) -> None:
@@ -88,7 +97,12 @@ def _store():
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
         disable=not err.is_terminal,
     )
 
@@ -96,11 +110,18 @@ def _progress() -> Progress:
 @app.command()
 def produce(
     pipeline: str = PIPELINE,
-    files: list[Path] = typer.Option(..., "--file", "-f", help="JSONL or Parquet file of events; repeat for several files."),
-    segments: list[str] = typer.Option(
-        ["0"], "--segment", "-s", help="Segment to append to ([a-z0-9_-]): one for every file, or one per --file, in order."
+    files: list[Path] = typer.Option(
+        ..., "--file", "-f", help="JSONL or Parquet file of events; repeat for several files."
     ),
-    chunk_rows: int = typer.Option(0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."),
+    segments: list[str] = typer.Option(
+        ["0"],
+        "--segment",
+        "-s",
+        help="Segment to append to ([a-z0-9_-]): one for every file, or one per --file, in order.",
+    ),
+    chunk_rows: int = typer.Option(
+        0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."
+    ),
 ):
     """Append the events of each FILE to the pipeline's stream as chunks.
 
@@ -116,10 +137,12 @@ def produce(
         check_name(seg, "--segment")
     if chunk_rows < 0:
         raise WireInputError("--chunk-rows: must be > 0")
-    pairs = list(zip(files, segments if len(segments) == len(files) else segments * len(files)))
+    pairs = list(zip(files, segments if len(segments) == len(files) else segments * len(files), strict=True))
     store = _store()
     with _progress() as prog:
-        task = prog.add_task(f"produce {files[0].name}" + (f" + {len(files) - 1} files" if len(files) > 1 else ""), total=None)
+        task = prog.add_task(
+            f"produce {files[0].name}" + (f" + {len(files) - 1} files" if len(files) > 1 else ""), total=None
+        )
 
         def cb(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)
@@ -158,10 +181,13 @@ def process(
     m = res.manifest
     if res.repaired:
         out.print(f"self-correction rewrote {len(res.repaired)} published files: " + ", ".join(res.repaired))
-    if not res.committed:
+    if not res.committed or m is None:  # a commit leaves a manifest
         out.print(f"nothing new; last epoch {m.epoch if m else '-'}")
     else:
-        out.print(f"committed epochs {res.committed[0]}..{res.committed[-1]}; W = {iso(m.watermark)}; {res.pending} chunks pending")
+        out.print(
+            f"committed epochs {res.committed[0]}..{res.committed[-1]}; W = {iso(m.watermark)}; "
+            f"{res.pending} chunks pending"
+        )
 
 
 VERBOSE = typer.Option(False, "--verbose", "-v", help="Stack traces and Dagster's log on the terminal (WIRE_DEBUG=1).")
@@ -204,7 +230,7 @@ def _tick(spec) -> list[dict]:
             prog.update(task, completed=done, total=total)
 
         # Messages go through the progress bar's console (stderr), above the bar.
-        return do_tick(spec, pipelines=_definitions_of(spec), console=prog.console, progress=cb)
+        return do_tick(spec, _definitions_of(spec), console=prog.console, progress=cb)
 
 
 def _parse_time(value: str | None, flag: str) -> int | None:
@@ -222,13 +248,21 @@ def _parse_time(value: str | None, flag: str) -> int | None:
 @app.command()
 def backfill(
     pipeline: str = PIPELINE,
-    start: str = typer.Option(None, "--from", help="Event time (ISO-8601; no zone = UTC): first partition to recompute is the one holding it."),
-    end: str = typer.Option(None, "--to", help="Event time (ISO-8601; no zone = UTC), exclusive: partitions starting at or after it are left alone."),
+    start: str = typer.Option(
+        None, "--from", help="Event time (ISO-8601; no zone = UTC): first partition to recompute is the one holding it."
+    ),
+    end: str = typer.Option(
+        None,
+        "--to",
+        help="Event time (ISO-8601; no zone = UTC), exclusive: partitions starting at or after it are left alone.",
+    ),
     format: Fmt = typer.Option(Fmt.table, "--format", help="table, or jsonl (one object per partition on stdout)."),
 ):
     """Recompute partitions from the recorded remap through the pipeline's Dagster job, in one run.
 
-    Default range: every partition with committed results. A partition whose recomputed content equals the committed one is `reproduced` (same data_version, no new epoch); one that differs (the code or configuration changed) is committed in a new epoch and shown as `changed`.
+    Default range: every partition with committed results. A partition whose recomputed content
+    equals the committed one is `reproduced` (same data_version, no new epoch); one that differs
+    (the code or configuration changed) is committed in a new epoch and shown as `changed`.
     """
     from .backfill import select_partitions
 
@@ -245,7 +279,9 @@ def backfill(
     rows = res["partitions"]
     if format == Fmt.jsonl:
         for r in rows:
-            sys.stdout.write(json.dumps({k: r[k] for k in ("partition", "result", "epoch", "changed_windows", "windows")}) + "\n")
+            sys.stdout.write(
+                json.dumps({k: r[k] for k in ("partition", "result", "epoch", "changed_windows", "windows")}) + "\n"
+            )
     else:
         tab = Table(
             title=f"{spec.name}: backfill run {res['run_id']} ({res['status']})",
@@ -273,7 +309,7 @@ def _backfill(spec, parts: list[int]) -> dict:
         def cb(done: int, total: int) -> None:
             prog.update(task, completed=done, total=total)
 
-        return do_backfill(spec, pipelines=_definitions_of(spec), partitions=parts, console=prog.console, progress=cb)
+        return do_backfill(spec, _definitions_of(spec), partitions=parts, console=prog.console, progress=cb)
 
 
 def _results_table(spec, window: str):
@@ -349,7 +385,12 @@ def dlq(pipeline: str = PIPELINE, format: Fmt = typer.Option(Fmt.table, "--forma
     if format == Fmt.parquet:
         raise WireInputError("--format: dlq prints table or jsonl")
     rows = read_dead_letters(_store(), spec)
-    _print_rows(rows, ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"], format, f"{spec.name} dead letters")
+    _print_rows(
+        rows,
+        ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"],
+        format,
+        f"{spec.name} dead letters",
+    )
 
 
 @app.command()
@@ -374,11 +415,17 @@ def status(
     for c in ("segment", "chunks", "read up to", "max event time", "watermark", "decision"):
         tab.add_column(c)
     for s in st["segments"]:
-        tab.add_row(s["segment"], str(s["chunks"]), str(s["next_seq"]), s["max_event_time"], s["watermark"], s["decision"])
+        tab.add_row(
+            s["segment"], str(s["chunks"]), str(s["next_seq"]), s["max_event_time"], s["watermark"], s["decision"]
+        )
     out.print(tab)
-    out.print(f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch']}   epochs kept: {st['epochs_kept']}")
-    out.print(f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}   "
-              f"pending chunks: {st['pending_chunks']}")
+    out.print(
+        f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch']}   epochs kept: {st['epochs_kept']}"
+    )
+    out.print(
+        f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}   "
+        f"pending chunks: {st['pending_chunks']}"
+    )
     out.print(f"counts: {st['totals']}")
     out.print(f"dead letters: {st['dead_letters']}")
     if plot:
@@ -386,9 +433,11 @@ def status(
 
 
 @app.command()
-def rewind(pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", help="Committed epoch to make current again.")):
+def rewind(
+    pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", help="Committed epoch to make current again.")
+):
     """Make epoch N current again; the next runs re-process from there."""
-    from .engine import rewind as do_rewind
+    from .replay import rewind as do_rewind
     from .timeutil import iso
 
     spec = _spec(pipeline)
@@ -399,7 +448,9 @@ def rewind(pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", h
 @app.command()
 def gc(
     pipeline: str = PIPELINE,
-    keep: int = typer.Option(None, help="Committed epochs to keep (default: WIRE_KEEP_EPOCHS, else the pipeline's dagster.keep_epochs, 10)."),
+    keep: int = typer.Option(
+        None, help="Committed epochs to keep (default: WIRE_KEEP_EPOCHS, else the pipeline's dagster.keep_epochs, 10)."
+    ),
     grace: float = typer.Option(600, help="Seconds before uncommitted staging is collected."),
 ):
     """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names)."""
@@ -434,7 +485,7 @@ def demo():
 @s3_app.command("start")
 def s3_start():
     """Start (or reuse) the embedded S3 server."""
-    from .embedded import default_home, EmbeddedS3
+    from .embedded import EmbeddedS3, default_home
 
     cfg = EmbeddedS3(default_home() / "s3").start()
     out.print(f"embedded S3 at {cfg.endpoint} (bucket {cfg.bucket})")
@@ -443,7 +494,7 @@ def s3_start():
 @s3_app.command("stop")
 def s3_stop():
     """Stop the embedded S3 server (by its process group)."""
-    from .embedded import default_home, EmbeddedS3
+    from .embedded import EmbeddedS3, default_home
 
     EmbeddedS3(default_home() / "s3").stop()
     out.print("embedded S3 stopped")
@@ -451,8 +502,12 @@ def s3_stop():
 
 @spark_app.command("start")
 def spark_start(
-    master: str = typer.Option(None, "--master", help="Spark master of a new server (default: WIRE_SPARK_MASTER, else local[*])."),
-    port: int = typer.Option(None, "--port", help="Port on 127.0.0.1 for a new server (default: the last one if free, else a free one)."),
+    master: str = typer.Option(
+        None, "--master", help="Spark master of a new server (default: WIRE_SPARK_MASTER, else local[*])."
+    ),
+    port: int = typer.Option(
+        None, "--port", help="Port on 127.0.0.1 for a new server (default: the last one if free, else a free one)."
+    ),
     conf: list[str] = typer.Option(None, "--conf", help="KEY=VALUE Spark setting for a new server (repeatable)."),
 ):
     """Start (or reuse) the embedded Spark Connect server; prints its URL (sc://127.0.0.1:PORT).
@@ -510,11 +565,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as e:
         # Usage errors (click's, or the copy of click typer bundles) carry exit_code 2.
-        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
+        format_message, exit_code = getattr(e, "format_message", None), getattr(e, "exit_code", None)
+        if callable(format_message) and isinstance(exit_code, int):
             # `wire` alone: click already printed the help, and its message is empty.
-            if message := e.format_message():
+            if message := format_message():
                 err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-            return 2 if e.exit_code == 2 else 1
+            return 2 if exit_code == 2 else 1
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         err.print(f"error: {e.__class__.__name__}: {msg}", markup=False, highlight=False, soft_wrap=True)
         if os.environ.get("WIRE_DEBUG"):

@@ -38,7 +38,7 @@ test: setup chromium lint
 lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/pyright
+	$(BIN)/pyright -p .
 
 # The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS; WIRE_FAULT_*: the flaky-network
 # test's seeds, fault rates, events per segment and the outage after a lost commit marker's answer).

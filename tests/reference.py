@@ -15,6 +15,7 @@ the commit protocol and the Dagster runs. It follows DESIGN §1 literally:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from wire_dagster.aggregates import py_add, py_empty, py_finalize, py_merge
 from wire_dagster.spec import Pipeline, WindowSpec, field_column
@@ -159,3 +160,34 @@ def batch(spec: Pipeline, w: WindowSpec, events: list[dict]) -> dict[tuple, dict
                     py_add(w, p, evs[i])
                 acc[(key, s, en)] = p
     return {k: {"key": k[0], "window_start": k[1], "window_end": k[2], **py_finalize(w, v)} for k, v in acc.items()}
+
+
+# ------------------------------------------------------------------ comparing committed results
+
+
+def batch_of_clicks(spec: Pipeline, events: list[dict], fields: tuple[str, ...] = ("amount",)) -> dict[str, list[dict]]:
+    """`batch` of every window over events of the test pipelines' shape (`ts`, `user` and `fields`),
+    each window's rows in (key, start, end) order."""
+    evs = [{"_t": e["ts"], "_key": e["user"], **{field_column(f): e[f] for f in fields}} for e in events]
+    return {w.name: [r for _, r in sorted(batch(spec, w, evs).items())] for w in spec.windows}
+
+
+def same_value(got: Any, want: Any) -> bool:
+    """An aggregate equal to the reference's: sums and averages are decimal(38, 9), so to 9 places."""
+    import pytest
+
+    if got is None or want is None:
+        return got == want
+    return float(got) == pytest.approx(float(want), rel=1e-12, abs=1e-9)
+
+
+def assert_same_rows(spec: Pipeline, got: dict[str, list[dict]], want: dict[str, list[dict]]) -> None:
+    """Per window: the same (key, start, end) rows in the same order, each aggregate `same_value`."""
+    for w in spec.windows:
+        rows, expected = got[w.name], want[w.name]
+        assert [(r["key"], r["window_start"], r["window_end"]) for r in rows] == [
+            (r["key"], r["window_start"], r["window_end"]) for r in expected
+        ], w.name
+        for g, x in zip(rows, expected, strict=True):
+            for a in w.aggregates:
+                assert same_value(g[a.name], x[a.name]), (w.name, a.name, g, x)

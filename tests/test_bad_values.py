@@ -95,11 +95,6 @@ def stored(store: ObjectStore, spec: Pipeline, segment: str) -> dict[int, dict]:
     return {r["_row"]: r for r in pq.read_table(io.BytesIO(store.get(c.data_key))).to_pylist()} if c.data_key else {}
 
 
-def close(got: float | None, want: float | None) -> bool:
-    """A result equal to the reference's: sums and averages are decimal(38, 9), so to 9 places."""
-    return got == want if got is None or want is None else got == pytest.approx(want, rel=1e-12, abs=1e-9)
-
-
 def same_float(a: float | None, b: float | None) -> bool:
     """Equal, and the same sign for zeros (a -0.0 stored must show)."""
     if a is None or b is None:
@@ -325,15 +320,11 @@ def assert_batch_results(store: ObjectStore, spec: Pipeline, counted: list[dict]
     def by_window(rows):
         return sorted(rows, key=lambda r: (r["key"], r["window_start"]))
 
-    for w in spec.windows:
-        want = by_window(reference.batch(spec, w, counted).values())
-        got = by_window(results.read_results(store, spec, w.name).to_pylist())
-        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want
-        ], w.name
-        for g, x in zip(got, want, strict=True):
-            for a in w.aggregates:
-                assert close(g[a.name], x[a.name]), (w.name, a.name, g, x)
+    reference.assert_same_rows(
+        spec,
+        {w.name: by_window(results.read_results(store, spec, w.name).to_pylist()) for w in spec.windows},
+        {w.name: by_window(reference.batch(spec, w, counted).values()) for w in spec.windows},
+    )
 
 
 def hand_chunk(spec: Pipeline, rows: list[dict]) -> pa.Table:

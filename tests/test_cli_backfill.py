@@ -34,10 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
 import yaml
 
 from conftest import run_wire
+from reference import assert_same_rows, batch_of_clicks
 from wire_dagster.timeutil import parse_iso
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -96,14 +96,6 @@ def dagster_key(p: int) -> str:
     return f"2026-01-01-00:{(p - T0) // M:02d}"
 
 
-def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
-    from reference import batch
-    from wire_dagster.spec import field_column
-
-    evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
-    return {w.name: [r for _, r in sorted(batch(spec, w, evs).items())] for w in spec.windows}
-
-
 def by_partition(rows: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for r in rows:
@@ -120,14 +112,7 @@ def read_window(env: dict[str, str], window: str) -> list[dict]:
 
 
 def assert_results(env: dict[str, str], spec, want: dict[str, list[dict]]) -> None:
-    for w in spec.windows:
-        got = read_window(env, w.name)
-        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
-        ], w.name
-        for g, x in zip(got, want[w.name], strict=True):
-            for a in w.aggregates:
-                assert g[a.name] == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
+    assert_same_rows(spec, {w.name: read_window(env, w.name) for w in spec.windows}, want)
 
 
 def run_wire_tty_stderr(args: list[str], env: dict[str, str], timeout: float = 600) -> tuple[int, str, str]:
@@ -269,9 +254,9 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     m1 = cp.latest()
     assert m1 is not None
     assert [cp.load(n).kind for n in cp.committed()] == ["process", "process"], "two processing epochs to replay"
-    assert_results(env, spec, brute_force(spec, events))  # closed stream, nothing late
+    assert_results(env, spec, batch_of_clicks(spec, events))  # closed stream, nothing late
     held = sorted({int(p) for parts in m1.outputs.values() for p in parts})
-    want_held = sorted({partition_of(r["window_end"]) for rows in brute_force(spec, events).values() for r in rows})
+    want_held = sorted({partition_of(r["window_end"]) for rows in batch_of_clicks(spec, events).values() for r in rows})
     assert held == want_held
     span = list(range(held[0], held[-1] + M, M))
     versions_before = {k: r.tags["dagster/data_version"] for k, r in latest_materializations(home, spec, span).items()}
@@ -324,7 +309,7 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     # 3. The pipeline changes: one new epoch, results = batch aggregation under the new file.
     pfile.write_text(yaml.safe_dump(changed_pipeline()))
     spec2 = load_pipeline(pfile)
-    old, new = brute_force(spec, events), brute_force(spec2, events)
+    old, new = batch_of_clicks(spec, events), batch_of_clicks(spec2, events)
     old_p = {w.name: by_partition(old[w.name]) for w in spec.windows}
     new_p = {w.name: by_partition(new[w.name]) for w in spec2.windows}
     want_changed = {

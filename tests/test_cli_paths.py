@@ -27,9 +27,10 @@ import pytest
 import yaml
 
 from conftest import run_wire
+from reference import assert_same_rows, batch_of_clicks
 from test_cli_inputs import CLICKS, _assert_one_line_error, _keys, _run_in_process
 from test_cli_tick import PIPELINE as TICKY
-from test_cli_tick import brute_force, launched, make_events
+from test_cli_tick import launched, make_events
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import load_pipeline
@@ -96,15 +97,8 @@ def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(
     # The committed results are the batch aggregation of the file's windows (closed stream, nothing late).
     from wire_dagster.results import read_results
 
-    want = brute_force(spec, events)
-    for w in spec.windows:
-        got = read_results(store, spec, w.name).to_pylist()
-        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
-        ], w.name
-        for g, x in zip(got, want[w.name], strict=True):
-            for a in w.aggregates:
-                assert float(g[a.name]) == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
+    want = batch_of_clicks(spec, events)
+    assert_same_rows(spec, {w.name: read_results(store, spec, w.name).to_pylist() for w in spec.windows}, want)
 
     # `wire read -o` by the path writes exactly that table, and nothing else, into its directory.
     outdir = tmp_path / "out"

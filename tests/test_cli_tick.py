@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from conftest import run_wire
+from reference import batch_of_clicks
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 M = 60_000
@@ -67,14 +68,6 @@ def parse_iso(s: str) -> int:
     return int(datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
-    from reference import batch
-    from wire_dagster.spec import field_column
-
-    evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
-    return {w.name: [r for _, r in sorted(batch(spec, w, evs).items())] for w in spec.windows}
-
-
 def read_window(env: dict[str, str], window: str) -> list[dict]:
     p = run_wire(["read", "--pipeline", "ticky", "--window", window, "--format", "jsonl"], env, timeout=180, check=True)
     rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.strip()]
@@ -118,7 +111,7 @@ def test_tick_runs_the_sensor_requests_to_their_commits(store, cli_env, spark_re
     assert runs and set(runs.values()) == {"SUCCESS"}, first.stdout
 
     # Closed stream, nothing late: the committed results are the batch aggregation.
-    want = brute_force(spec, events)
+    want = batch_of_clicks(spec, events)
     for w in spec.windows:
         got = read_window(env, w.name)
         assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [

@@ -19,19 +19,10 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 from dagster_stack import NAME, T0, M, partition_key, partition_ms, run_partitions, wait_until
+from reference import assert_same_rows, batch_of_clicks
 
 BACKFILL_TIMEOUT = 360  # the backfill daemon wakes every 30 s; one run per contiguous range
-
-
-def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
-    from reference import batch
-    from wire_dagster.spec import field_column
-
-    evs = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"]} for e in events]
-    return {w.name: [r for _, r in sorted(batch(spec, w, evs).items())] for w in spec.windows}
 
 
 def assert_not_overlapping(runs: list[dict]) -> None:
@@ -53,15 +44,8 @@ def test_sensor_runs_commit_and_backfill_keeps_data_versions(dagster_stack) -> N
     first = st.first_settle
 
     # 1. Committed results = batch aggregation.
-    want = brute_force(spec, st.events)
-    for w in spec.windows:
-        got = read_results(store, spec, w.name).to_pylist()
-        assert [(r["key"], r["window_start"], r["window_end"]) for r in got] == [
-            (r["key"], r["window_start"], r["window_end"]) for r in want[w.name]
-        ], w.name
-        for g, x in zip(got, want[w.name], strict=True):
-            for a in w.aggregates:
-                assert g[a.name] == pytest.approx(x[a.name], rel=1e-12, abs=1e-9), (w.name, a.name, x)
+    want = batch_of_clicks(spec, st.events)
+    assert_same_rows(spec, {w.name: read_results(store, spec, w.name).to_pylist() for w in spec.windows}, want)
 
     # 2. The sensor launched the runs, and they covered every partition holding a result.
     runs = first["runs"]

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import pytest
 
+from reference import batch_of_clicks
+
 PIPELINE = {
     "name": "kc_local",
     "stream": "kc",
@@ -554,21 +556,6 @@ def remote_runs(dataset: Dataset, jvms: Jvms, tmp_path_factory: pytest.TempPathF
 # ---------------------------------------------------------------------------
 
 
-def brute_force(spec, events: list[dict]) -> dict[str, list[dict]]:
-    from reference import batch
-    from wire_dagster.spec import field_column
-
-    evs = [
-        {"_t": e["ts"], "_key": e["user"], field_column("amount"): e["amount"], field_column("page"): e["page"]}
-        for e in events
-    ]
-    out = {}
-    for w in spec.windows:
-        rows = batch(spec, w, evs)
-        out[w.name] = [rows[k] for k in sorted(rows)]
-    return out
-
-
 def assert_rows_equal(got: list[dict], want: list[dict], what: str) -> None:
     assert len(got) == len(want), f"{what}: {len(got)} rows, want {len(want)}"
     for g, w in zip(got, want, strict=True):
@@ -583,7 +570,7 @@ def assert_rows_equal(got: list[dict], want: list[dict], what: str) -> None:
 def test_local_run_matches_brute_force(dataset: Dataset) -> None:
     """The baseline: local[2], several epochs, closed stream → a plain batch aggregation; retries are duplicates."""
     spec = spec_named("kc_local")
-    want = brute_force(spec, dataset.events)
+    want = batch_of_clicks(spec, dataset.events, fields=("amount", "page"))
     for w in WINDOWS:
         assert_rows_equal(dataset.local["results"][w], want[w], w)
     dead = dataset.local["dead"]

@@ -349,7 +349,7 @@ def _commit_epoch(
         epoch=epoch,
         previous=prev.epoch if prev else None,
         run_id=run_id,
-        kind="backfill" if False else "process",
+        kind="process",
         fingerprint=spec.fingerprint(),
         config=spec.model_dump(mode="json", exclude={"source"}),
         remap=clock.remap,

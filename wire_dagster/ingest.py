@@ -455,7 +455,7 @@ def _split_valid(spec: Pipeline, out: pa.Table) -> tuple[pa.Table, pa.Table]:
     bad = out.filter(bad_mask)
     good = out.filter(pc.invert(bad_mask))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
     schema = chunk_schema(spec)
-    good = good.rename_columns({"line_no": ROW} if False else [ROW if c == "line_no" else c for c in good.column_names])
+    good = good.rename_columns([ROW if c == "line_no" else c for c in good.column_names])
     good = good.select(schema.names).cast(schema)
     dlq = pa.table(
         {

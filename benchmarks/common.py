@@ -1,9 +1,12 @@
-"""Shared helpers for the benchmarks: an object store, a process-tree memory sampler, Markdown tables."""
+"""Shared helpers for the benchmarks (and the tests' Dagster stack): an object store, a
+process-tree memory sampler, Markdown tables, a small-epoch Spark Connect conf and a clean
+child-process environment."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import uuid
@@ -11,6 +14,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Self
+
+# Small epochs: without AQE and with one shuffle partition an epoch runs far fewer Spark jobs.
+CONNECT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without its Spark/Dagster wiring, for a child that gets its own."""
+    from wire_dagster.sparkserver import SPARK_CLIENT_ENV
+
+    drop = {*SPARK_CLIENT_ENV, "DAGSTER_HOME", "WIRE_PIPELINES"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
 
 
 @contextlib.contextmanager

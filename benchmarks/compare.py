@@ -49,9 +49,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Peak, TreeRss, bench_store, cpu_count, mb, md_table
-from nexmark import (
+from benchmarks.common import Peak, TreeRss, bench_store, cpu_count, mb, md_table
+from benchmarks.nexmark import (
     PIPELINE_START,
     Config,
     fmt_count,
@@ -59,7 +58,7 @@ from nexmark import (
     write_dataset,
     write_sentinel,
 )
-from peers import QUERIES, Query, counted_bids, diff, normalize, read_spark_output
+from benchmarks.peers import QUERIES, Query, counted_bids, diff, normalize, read_spark_output
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -36,8 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Self
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import TreeRss, bench_store, cpu_count, mb, md_table, timed
+from benchmarks.common import TreeRss, bench_store, cpu_count, mb, md_table, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK_ROWS = 100_000

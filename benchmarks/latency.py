@@ -52,9 +52,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table
-from stack import (
+from benchmarks.common import md_table
+from benchmarks.stack import (
     ACTIVE,
     BenchStack,
     git_rev,

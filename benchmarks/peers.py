@@ -34,8 +34,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 @dataclass(frozen=True)
 class Query:
@@ -139,7 +137,7 @@ def spark_stream(spark, q: Query, src: Path, out: Path, ckpt: Path, delay_ms: in
     """Start the streaming query (Trigger.AvailableNow); returns the StreamingQuery."""
     from pyspark.sql import functions as F
 
-    from nexmark import BID_SCHEMA
+    from benchmarks.nexmark import BID_SCHEMA
 
     ddl = ", ".join(f"{f.name} {'BIGINT' if pa.types.is_integer(f.type) else 'STRING'}" for f in BID_SCHEMA)
     ev = (
@@ -244,7 +242,7 @@ def duckdb_sql(q: Query, src_glob: str, dedup: bool) -> str:
 def run_duckdb(q: Query, src: Path, dedup: bool, threads: int | None = None) -> tuple[pa.Table, float]:
     import duckdb
 
-    from common import cpu_count
+    from benchmarks.common import cpu_count
 
     con = duckdb.connect()
     con.execute(f"SET threads={threads or cpu_count()}")

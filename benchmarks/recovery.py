@@ -51,9 +51,8 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latency import OOO, CommitWatcher, M, chunk_events, pipeline_dict, run_phases, wait
-from stack import (
+from benchmarks.latency import OOO, CommitWatcher, M, chunk_events, pipeline_dict, run_phases, wait
+from benchmarks.stack import (
     ACTIVE,
     BenchStack,
     git_rev,
@@ -495,7 +494,7 @@ def scenario(name: str, args, tmp: Path) -> dict:
 
 def report(args, results: list[dict], load0: str, load1: str, wall: float) -> str:
 
-    from common import md_table
+    from benchmarks.common import md_table
 
     rev = f"{args.rev0} at the start, {git_rev()} at the end"
 

@@ -10,8 +10,9 @@
                      holding the benchmark's one pipeline
 
 Process handling (start in a new session, stop = SIGTERM then SIGKILL to the group, report
-anything left) and the bounded polls come from tests/dagster_stack.py, which the end-to-end
-tests use for the same stack. Every process is stopped by its group in `stop()`, which the
+anything left) and the bounded polls come from wire_dagster.procgroup, the Spark conf and the
+child environment from benchmarks/common.py: the end-to-end tests' stack (tests/dagster_stack.py)
+uses the same ones. Every process is stopped by its group in `stop()`, which the
 benchmarks call from a `finally` (SIGTERM and Ctrl-C included: `install_signal_handlers`).
 """
 
@@ -33,10 +34,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-# The checkout, and tests/ (no package: its helpers import by name once it is on sys.path).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from dagster_stack import CONNECT_CONF, Proc, clean_env, free_port, wait_until
+from benchmarks.common import CONNECT_CONF, clean_env
+from wire_dagster.procgroup import Proc, free_port, wait_until
 
 if TYPE_CHECKING:
     from wire_dagster.embedded import EmbeddedS3

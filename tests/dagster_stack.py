@@ -20,22 +20,21 @@ import hashlib
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+
+from benchmarks.common import CONNECT_CONF, clean_env
+from wire_dagster.procgroup import Proc, free_port, port_answers, wait_until
 
 if TYPE_CHECKING:
     from wire_dagster.manifest import Manifest
@@ -80,27 +79,7 @@ PIPELINE = {
 }
 START_TIMEOUT = 240  # dagster dev (three Python processes) and the Connect JVM on a loaded machine
 SETTLE_TIMEOUT = 360  # the sensor's runs, one at a time
-T = TypeVar("T")
 ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def group_members(pgid: int) -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
 
 
 def group_gone(pgid: int) -> bool:
@@ -110,88 +89,6 @@ def group_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
-
-
-def wait_until(
-    cond: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    alive: Callable[[], str | None] = lambda: None,
-    every: float = 0.5,
-) -> T:
-    """Poll `cond` until it returns something truthy (returned); fail after `timeout` or when `alive()`
-    reports death."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        dead = alive()
-        if dead:
-            raise AssertionError(f"{what}: {dead}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout:.0f}s")
-        time.sleep(every)
-
-
-@dataclass
-class Proc:
-    """A command in its own process group, logging to a file."""
-
-    name: str
-    cmd: list[str]
-    env: dict[str, str]
-    log: Path
-    cwd: str | None = None
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> Proc:
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                self.cmd,
-                env=self.env,
-                cwd=self.cwd,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
-
-    def tail(self, n: int = 4000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def dead(self) -> str | None:
-        if self.proc is not None and self.proc.poll() is not None:
-            return f"{self.name} exited {self.proc.returncode}; log tail:\n{self.tail()}"
-        return None
-
-    def stop(self, grace: float = 30) -> list[int]:
-        """SIGTERM the group, SIGKILL what is left after `grace`; the pids still alive (should be none)."""
-        if self.proc is None:
-            return []
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while group_members(pgid) and time.monotonic() < deadline:
-                try:
-                    self.proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-            if not group_members(pgid):
-                break
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        return group_members(pgid)
 
 
 def make_events() -> list[dict]:
@@ -206,30 +103,6 @@ def make_events() -> list[dict]:
     for i, e in enumerate(evs):
         e["eid"] = f"e{i}"
     return evs
-
-
-def spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(pyspark.__file__)
-
-
-def clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for k in (
-        "SPARK_REMOTE",
-        "SPARK_CONNECT_MODE_ENABLED",
-        "SPARK_LOCAL_REMOTE",
-        "WIRE_SPARK_REMOTE",
-        "WIRE_SPARK_MASTER",
-        "PYSPARK_SUBMIT_ARGS",
-        "DAGSTER_HOME",
-        "WIRE_PIPELINES",
-    ):
-        env.pop(k, None)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    return env
 
 
 @dataclass
@@ -490,17 +363,6 @@ def partition_ms(pk: str) -> int:
     return int(datetime.strptime(pk, "%Y-%m-%d-%H:%M").replace(tzinfo=UTC).timestamp() * 1000)
 
 
-# Small epochs: without AQE and with one shuffle partition an epoch runs far fewer Spark jobs.
-CONNECT_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.shuffle.partitions": "1",
-    "spark.default.parallelism": "2",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.python.worker.reuse": "true",
-}
-
-
 def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
     """Start everything, produce and close the stream, wait for the sensor's runs to settle.
 
@@ -551,14 +413,12 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
         else:
             host, port = remote[len("sc://") :].split(":")[0], int(remote.rsplit(":", 1)[1])
 
-            def listening() -> bool:
-                try:
-                    with socket.create_connection((host, port), timeout=1):
-                        return True
-                except OSError:
-                    return False
-
-            wait_until(listening, START_TIMEOUT, f"Spark Connect server listening at {remote}", stack.alive)
+            wait_until(
+                lambda: port_answers(host, port),
+                START_TIMEOUT,
+                f"Spark Connect server listening at {remote}",
+                stack.alive,
+            )
         wait_until(stack.location_loaded, START_TIMEOUT, "dagster dev: code location loaded", stack.alive, every=1.0)
 
         f = tmp / "events.jsonl"

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import psutil
 import pytest
 import yaml
 
-from dagster_stack import wait_until
+from wire_dagster.procgroup import free_port, wait_until
 
 START_TIMEOUT = 240  # dagster dev loads the code location in three Python processes on a loaded machine
 STOP_TIMEOUT = 90  # wire dev: SIGTERM to dagster dev's group (20 s grace, then SIGKILL), then the Spark and S3 servers
@@ -46,12 +45,6 @@ PIPELINE = {
     "windows": [{"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}],
     "dagster": {"sensor_interval": "30s"},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wire_exe() -> str:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import itertools
 
-from dagster_stack import NAME, T0, M, partition_key, partition_ms, run_partitions, wait_until
+from dagster_stack import NAME, T0, M, partition_key, partition_ms, run_partitions
 from reference import assert_same_rows, batch_of_clicks
+from wire_dagster.procgroup import wait_until
 
 BACKFILL_TIMEOUT = 360  # the backfill daemon wakes every 30 s; one run per contiguous range
 

@@ -68,9 +68,10 @@ from commit_scenario import (
     chunk_events,
     seeds,
 )
-from dagster_stack import ACTIVE, PIPELINE, T0, M, wait_until
+from dagster_stack import ACTIVE, PIPELINE, T0, M
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.devstack import INSTANCE_YAML
+from wire_dagster.procgroup import wait_until
 from wire_dagster.settings import epochs_per_job
 from wire_dagster.timeutil import INF, NEG_INF
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dagster_stack import group_gone, wait_until
+from dagster_stack import group_gone
 from wire_dagster.embedded import EmbeddedS3, default_home, resolve_s3
 from wire_dagster.errors import ObjectStoreError
 from wire_dagster.objectstore import ObjectStore, S3Config
+from wire_dagster.procgroup import wait_until
 
 
 @pytest.fixture(scope="module")

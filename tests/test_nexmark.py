@@ -8,19 +8,14 @@ compare.py runs) agree with an independent plain-Python computation of each quer
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import nexmark
-import peers
-from nexmark import Config, count_kind, generate
+from benchmarks import nexmark, peers
+from benchmarks.nexmark import Config, count_kind, generate
 
 SMALL = Config(
     events=5_000,
@@ -253,7 +248,7 @@ def test_wire_engine_matches_reference(tiny_data, store, spark):
     segments, the stream closed, the epochs committed (q11: two, the budget being one round of
     chunks, so sessions cross an epoch; q5 and q7: one, to keep the test short); the committed
     results equal the reference, and no bid is late or duplicate."""
-    import compare
+    from benchmarks import compare
     from wire_dagster.engine import process
     from wire_dagster.results import read_results
     from wire_dagster.spec import pipeline_from_dict

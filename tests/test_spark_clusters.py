@@ -31,19 +31,20 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from reference import batch_of_clicks
+from wire_dagster.procgroup import Proc, free_port, group_members, port_answers, wait_until
+from wire_dagster.sparkserver import SPARK_CLIENT_ENV, spark_home
 
 PIPELINE = {
     "name": "kc_local",
@@ -86,120 +87,10 @@ DRIVER_TIMEOUT = 300  # seconds for both driver subprocesses (JVM start + 2 epoc
 START_TIMEOUT = 120  # seconds for the master, the workers or the Connect server to come up
 
 
-def spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(pyspark.__file__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of a process group (zombies excluded)."""
-    import psutil
-
-    out = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
-
-
-def wait_until(
-    cond: Callable[[], bool], timeout: float, what: str, alive: Callable[[], str | None] = lambda: None
-) -> None:
-    """Poll `cond` until true; fail after `timeout`, or at once if `alive()` reports a dead process."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return
-        dead = alive()
-        if dead:
-            raise AssertionError(f"{what}: {dead}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout:.0f}s")
-        time.sleep(0.25)
-
-
-@dataclass
-class Daemon:
-    """One JVM (or script that execs one) in its own process group, logging to a file."""
-
-    name: str
-    cmd: list[str]
-    env: dict[str, str]
-    log: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> Daemon:
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                self.cmd,
-                env=self.env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
-
-    def dead(self) -> str | None:
-        if self.proc is not None and self.proc.poll() is not None:
-            return f"{self.name} exited {self.proc.returncode}; log tail:\n{self.tail()}"
-        return None
-
-    def tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def stop(self, grace: float = 20) -> list[int]:
-        """SIGTERM the group, SIGKILL what is left after `grace`; returns the pids still there (should be none)."""
-        if self.proc is None:
-            return []
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while group_members(pgid) and time.monotonic() < deadline:
-                if self.proc.poll() is None:
-                    try:
-                        self.proc.wait(timeout=0.2)
-                    except subprocess.TimeoutExpired:
-                        pass
-                else:
-                    time.sleep(0.2)
-            if not group_members(pgid):
-                break
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=5)
-        return group_members(pgid)
-
-
 def base_env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    for k in (
-        "SPARK_REMOTE",
-        "SPARK_CONNECT_MODE_ENABLED",
-        "SPARK_LOCAL_REMOTE",
-        "WIRE_SPARK_REMOTE",
-        "WIRE_SPARK_MASTER",
-        "PYSPARK_SUBMIT_ARGS",
-    ):
-        env.pop(k, None)
+    env = {k: v for k, v in os.environ.items() if k not in SPARK_CLIENT_ENV}
     env.update(
-        SPARK_HOME=spark_home(),
+        SPARK_HOME=str(spark_home()),
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
@@ -243,7 +134,7 @@ class Jvms:
     env: dict[str, str]
     cluster: Cluster
     connect_url: str
-    daemons: list[Daemon] = field(default_factory=list)
+    daemons: list[Proc] = field(default_factory=list)
     _ready: bool = False
 
     def _dead(self) -> str | None:
@@ -261,21 +152,14 @@ class Jvms:
         wait_until(alive, START_TIMEOUT, "two standalone workers registered", self._dead)
         port = int(self.connect_url.rsplit(":", 1)[1])
 
-        def listening() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        wait_until(listening, START_TIMEOUT, "Spark Connect server listening", self._dead)
+        wait_until(lambda: port_answers("127.0.0.1", port), START_TIMEOUT, "Spark Connect server listening", self._dead)
         self._ready = True
         return self
 
 
-def own_connect_server(tmp: Path, env: dict[str, str], grpc: int) -> Daemon:
+def own_connect_server(tmp: Path, env: dict[str, str], grpc: int) -> Proc:
     """What `start-connect-server.sh --wait` runs (spark-daemon.sh `submit`), without the pid file and nohup."""
-    return Daemon(
+    return Proc(
         "connect-server",
         [
             f"{spark_home()}/bin/spark-submit",
@@ -318,7 +202,7 @@ def jvms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     env = base_env(tmp)
     port, ui = free_port(), free_port()
     j = Jvms(tmp, env, Cluster(f"spark://127.0.0.1:{port}", ui, [tmp / f"work{i}" for i in range(2)]), "")
-    master = Daemon(
+    master = Proc(
         "master",
         [
             f"{spark_home()}/bin/spark-class",
@@ -335,7 +219,7 @@ def jvms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     )
     # Workers started with the master retry until it is up (Worker's registration retries).
     workers = [
-        Daemon(
+        Proc(
             f"worker{i}",
             [
                 f"{spark_home()}/bin/spark-class",
@@ -367,7 +251,7 @@ def jvms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             j.connect_url = f"sc://127.0.0.1:{grpc}"
         yield j
     finally:
-        left = {d.name: d.stop() for d in reversed(j.daemons)}
+        left = {d.name: d.stop(grace=20) for d in reversed(j.daemons)}
         assert not any(left.values()), f"processes left after killing their groups: {left}"
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from dagster_stack import group_gone, wait_until
+from dagster_stack import group_gone
+from wire_dagster.procgroup import wait_until
 from wire_dagster.sparkserver import EmbeddedSpark, shared_session_id
 
 #: Cheaper JIT and GC for a short-lived server, as conftest's spark_remote uses.

@@ -1,4 +1,5 @@
-"""Process-group helpers shared by the embedded servers (embedded.py, sparkserver.py).
+"""Process-group, port and wait helpers shared by the embedded servers (embedded.py,
+sparkserver.py), the tests and the benchmarks.
 
 Standard library only, so that reading a server's pid file stays cheap: Spark session
 resolution (`sparksession.spark_target`) calls into here on every session it builds.
@@ -12,13 +13,14 @@ import fcntl
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, TypeVar
 
-if TYPE_CHECKING:
-    import subprocess
+T = TypeVar("T")
 
 
 def default_home() -> Path:
@@ -177,3 +179,78 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the kernel reports free on `host` now (bind to port 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until(
+    cond: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    alive: Callable[[], str | None] = lambda: None,
+    every: float = 0.5,
+) -> T:
+    """Poll `cond` until it returns something truthy (returned); TimeoutError naming `what` after
+    `timeout` s, or at once when `alive()` reports a death (its message)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        dead = alive()
+        if dead:
+            raise TimeoutError(f"{what}: {dead}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout:.0f}s")
+        time.sleep(every)
+
+
+@dataclass
+class Proc:
+    """A command in its own process group, its output to the file `log`; stopped by its group."""
+
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    log: Path
+    cwd: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def dead(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.name} exited {self.proc.returncode}; log tail:\n{self.tail()}"
+        return None
+
+    def stop(self, grace: float = 30) -> list[int]:
+        """SIGTERM the group, SIGKILL what is left after `grace` s; the pids still running (should be none)."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid
+        kill_group(pgid, grace, self.proc.poll)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return group_members(pgid) or []

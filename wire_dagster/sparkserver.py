@@ -57,7 +57,7 @@ _LOG_ROTATE_BYTES = 20 * 1024 * 1024
 #: A Spark JVM and its first query on a loaded 2-core machine take 15-30 s.
 START_TIMEOUT = 180.0
 #: Variables that would make the server or the probe a Connect client, or steer spark-submit.
-_CLIENT_ENV = (
+SPARK_CLIENT_ENV = (
     "SPARK_REMOTE",
     "SPARK_CONNECT_MODE_ENABLED",
     "SPARK_LOCAL_REMOTE",
@@ -80,7 +80,7 @@ def spark_home() -> Path:
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV and k not in _SECRETS}
+    return {k: v for k, v in os.environ.items() if k not in SPARK_CLIENT_ENV and k not in _SECRETS}
 
 
 def _check_memory(value: str, what: str) -> str:

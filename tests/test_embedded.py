@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -84,8 +85,19 @@ def test_start_twice_reuses_the_process(server: EmbeddedS3) -> None:
 
 def wait_group_gone(pgid: int) -> None:
     """`stop` returns when only zombies are left in the group; one whose parent died (a child of
-    weed, or the server after its `start` process) waits for init to reap it: allow it a moment."""
-    wait_until(lambda: group_gone(pgid), 10, f"process group {pgid} gone", every=0.1)
+    weed, or the server after its `start` process) waits for init to reap it. On a loaded 2-core
+    machine that took over 10 s once (CI at 61ba465, beside another test run), so allow 30 s; a
+    live member (not a zombie) fails at once, named with its state."""
+
+    def live_members() -> str | None:
+        left = []
+        for proc in psutil.process_iter(["pid", "status", "name"]):
+            with contextlib.suppress(psutil.Error):
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    left.append(f"{proc.info['name']} (pid {proc.pid}, {proc.info['status']})")
+        return f"still running after stop: {', '.join(left)}" if left else None
+
+    wait_until(lambda: group_gone(pgid), 30, f"process group {pgid} gone", alive=live_members, every=0.1)
 
 
 def test_outage_then_restart_keeps_data(server: EmbeddedS3) -> None:

@@ -86,7 +86,7 @@ def test_start_twice_reuses_the_process(server: EmbeddedS3) -> None:
 def wait_group_gone(pgid: int) -> None:
     """`stop` returns when only zombies are left in the group; one whose parent died (a child of
     weed, or the server after its `start` process) waits for init to reap it. On a loaded 2-core
-    machine that took over 10 s once (CI at 61ba465, beside another test run), so allow 30 s; a
+    machine that took over 10 s once (CI at cf0cfc4, beside another test run), so allow 30 s; a
     live member (not a zombie) fails at once, named with its state."""
 
     def live_members() -> str | None:

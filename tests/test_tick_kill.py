@@ -265,7 +265,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             # The epochs the two ticks' run keys name: none twice, all committed, the first
             # `before` (the killed tick committed it but died before its run reported the
             # partition: the key runs again and commits nothing new) or the next one. Not
-            # "before + 2": a sensor evaluation may request more than one run (CI at 0cf838e:
+            # "before + 2": a sensor evaluation may request more than one run (CI at 572496d:
             # keys e8, e9 and e10, e11 after epoch 8).
             named = [e for k in [*keys_a, *keys_b] for e in key_epochs(k)]
             assert len(named) == len(set(named)), (keys_a, keys_b)

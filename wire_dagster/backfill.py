@@ -13,16 +13,16 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import engine
 from .checkpoint import Checkpoints, new_run_id
-from .engine import apply_changes
 from .errors import CommitConflict, ObjectNotFound, WireInputError
-from .kernel import epoch_chunks, run_epoch
 from .manifest import Counts, Manifest, Step, sha256
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
 from .partitions import between as partitions_between
 from .partitions import starts as partition_starts
-from .reclock import one_task
+from .reclock import job_length
+from .sparksession import started_session
 from .spec import Pipeline
 from .streams import read_stream
 from .timeutil import NEG_INF, iso, now_ms
@@ -42,41 +42,47 @@ def timeline(cp: Checkpoints, latest: Manifest) -> list[Step]:
 def recompute(
     store: ObjectStore, spec: Pipeline, spark, partitions: list[int], progress=None
 ) -> dict[str, dict[int, pa.Table | None]]:
-    """The content of `partitions` for every window, rebuilt by replaying the timeline."""
+    """The content of `partitions` for every window, rebuilt by replaying the timeline through the
+    engine's own epoch computation (`engine.compute`, its epochs grouped into Spark jobs by
+    `reclock.job_length` as a backlog's are): the recorded epochs' chunks and watermarks, the
+    window state and id memory carried from each epoch to the next in memory."""
     cp = Checkpoints(store, spec.name)
     latest = cp.latest()
-    if latest is None:
-        return {w.name: {p: None for p in partitions} for w in spec.windows}
-    steps = timeline(cp, latest)
     contents: dict[str, dict[int, pa.Table | None]] = {w.name: {p: None for p in partitions} for w in spec.windows}
-    state: dict = {w.name: None for w in spec.windows}
-    ids = None
-    w_prev = NEG_INF
-    offsets: dict[str, int] = {}
-    wanted = pa.array(sorted(set(partitions)), pa.int64())
-    if progress:
-        progress(0, len(steps))
-    for i, st in enumerate(steps):
+    if latest is None:
+        return contents
+    steps = timeline(cp, latest)
+    epochs, offsets, w_prev = [], {}, NEG_INF
+    for st in steps:  # each recorded epoch: the chunks between its predecessor's offsets and its own
         views = read_stream(store, spec.stream, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
+        epochs.append((chunks, w_prev, st.watermark))
+        offsets, w_prev = st.remap, st.watermark
+    state: dict[str, pa.Table | None] = {w.name: None for w in spec.windows}
+    ids: pa.Table | None = None
+    wanted = pa.array(sorted(set(partitions)), pa.int64())
+    spark = started_session(spark) if epochs else spark
+    done = 0
+    if progress:
+        progress(0, len(steps))
+    while done < len(epochs):
         carried = sum(t.num_rows for t in state.values() if t is not None) + (ids.num_rows if ids is not None else 0)
-        events = epoch_chunks(store.fs_options(), store.bucket, spec, chunks)
-        res = run_epoch(spark, spec, events, state, ids, w_prev, st.watermark, single_task=one_task(chunks, carried))
-        for w in spec.windows:
-            rows = res.windows[w.name].outputs
-            if rows.num_rows:
-                ps = partition_starts(spec, rows["window_end"])
-                mine = pc.is_in(ps, value_set=wanted)  # pyright: ignore[reportAttributeAccessIssue]  generated at import
-                rows, ps = rows.filter(mine), ps.filter(mine)
-                for p in ps.unique().to_pylist():  # only the partitions this epoch touched
-                    sel = rows.filter(pc.equal(ps, p))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
-                    contents[w.name][p] = apply_changes(contents[w.name][p], sel)
-            state[w.name] = res.windows[w.name].state
-        ids = res.ids
-        w_prev = st.watermark
-        offsets = st.remap
-        if progress:
-            progress(i + 1, len(steps))
+        job = epochs[done : done + job_length([c for c, _, _ in epochs[done:]], carried)]
+        for res in engine.compute(store, spec, spark, dict(state), ids, carried, job, steps[done].epoch):
+            for w in spec.windows:
+                rows = res.windows[w.name].outputs
+                if rows.num_rows:
+                    ps = partition_starts(spec, rows["window_end"])
+                    mine = pc.is_in(ps, value_set=wanted)  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+                    rows, ps = rows.filter(mine), ps.filter(mine)
+                    for p in ps.unique().to_pylist():  # only the partitions this epoch touched
+                        sel = rows.filter(pc.equal(ps, p))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+                        contents[w.name][p] = engine.apply_changes(contents[w.name][p], sel)
+                state[w.name] = res.windows[w.name].state
+            ids = res.ids
+            done += 1
+            if progress:
+                progress(done, len(steps))
     return contents
 
 

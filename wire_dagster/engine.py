@@ -36,7 +36,7 @@ from .parquetio import parquet_bytes
 from .results import read_file
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import read_stream
+from .streams import ChunkMeta, read_stream
 from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
@@ -251,24 +251,40 @@ def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
 
 
 def _compute(store, spec: Pipeline, spark, carry: _Carry, batch: list[reclock.Planned]) -> list[EpochResult]:
-    """The Spark job of planned epochs, from `carry` (read by the executors): one task for all of
-    them when they fit one worker (`reclock.plan_job` made sure), else the key-bucket plan of the one epoch.
-    `spark` is a started session (`process` starts it in its own thread)."""
+    """`compute` of a planned job, from `carry` (staged files the executors read)."""
     state = {w.name: _stored(store, carry.state.get(w.name)) for w in spec.windows}
-    ids = _stored(store, carry.ids)
-    events = [epoch_chunks(store.fs_options(), store.bucket, spec, p.chunks) for p in batch]
+    epochs = [(p.chunks, p.w_prev, p.clock.watermark) for p in batch]
+    return compute(store, spec, spark, state, _stored(store, carry.ids), carry.rows, epochs, batch[0].epoch)
+
+
+def compute(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark,
+    state: dict[str, pa.Table | Stored | None],
+    ids: pa.Table | Stored | None,
+    carried_rows: int,
+    epochs: list[tuple[list[ChunkMeta], int, int]],
+    first_epoch: int,
+) -> list[EpochResult]:
+    """One Spark job over consecutive epochs, each (its chunks, W before, W after), from the carried
+    window state and id memory (`carried_rows` rows; Arrow tables, or staged files the executors
+    read): one task for all of them when they fit one worker (`reclock.job_length` chose them),
+    else the key-bucket plan of the one epoch. Returns the results of a prefix of `epochs` (at least
+    the first: `kernel.run_epochs` stops at its result bound). `spark` is a started session. The
+    engine's epochs and a backfill's replay of the timeline both compute through here."""
+    events = [epoch_chunks(store.fs_options(), store.bucket, spec, chunks) for chunks, _, _ in epochs]
     pause("before-spark")
     try:
-        if len(batch) == 1 and not reclock.one_task(batch[0].chunks, carry.rows):
-            p = batch[0]
-            return [run_epoch(spark, spec, events[0], state, ids, p.w_prev, p.clock.watermark, single_task=False)]
-        return run_epochs(
-            spark, spec, [(ev, p.w_prev, p.clock.watermark) for ev, p in zip(events, batch, strict=True)], state, ids
-        )
+        if len(epochs) == 1 and not reclock.one_task(epochs[0][0], carried_rows):
+            _, w_prev, w_new = epochs[0]
+            return [run_epoch(spark, spec, events[0], state, ids, w_prev, w_new, single_task=False)]
+        windows = [(ev, w_prev, w_new) for ev, (_, w_prev, w_new) in zip(events, epochs, strict=True)]
+        return run_epochs(spark, spec, windows, state, ids)
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions
-        down = _store_down(store, batch[0].epoch)
+        down = _store_down(store, first_epoch)
         if down is not None:
             raise down from None
         raise

@@ -113,6 +113,25 @@ def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
     return sum(c.rows for c in chunks) + carried_rows <= settings.single_task_rows()
 
 
+def job_length(epochs: list[list[ChunkMeta]], carried: int) -> int:
+    """How many of the leading epochs (each given by its chunks) one Spark job computes, from
+    state and id memory of `carried` rows: the first, and the ones after it while they fit one
+    task together — at most `settings.epochs_per_job`, and each epoch's events with the next
+    one's (the task reads an epoch's chunks while it computes the one before; it holds no other
+    epoch's events) plus the carried rows at most `settings.single_task_rows`. An epoch too big
+    for one task is a job of its own (computed by key bucket). The engine's backlog (`plan_job`)
+    and a backfill's replay of the timeline group their epochs by this one rule."""
+    n = 0
+    while n < min(len(epochs), settings.epochs_per_job()):
+        fits = one_task([*(epochs[n - 1] if n else []), *epochs[n]], carried)  # held together
+        if n and not fits:
+            break
+        n += 1
+        if not fits:
+            break
+    return n
+
+
 def plan_job(
     store: ObjectStore,
     spec: Pipeline,
@@ -123,29 +142,24 @@ def plan_job(
     progress: Callable[[str], None] | None,
 ) -> list[Planned]:
     """The epochs one Spark job computes after `base` (the last epoch committed, or the last one
-    the previous job computed), whose state and id memory hold `carried` rows: the next epoch,
-    and the ones after it while they fit one task together — at most `settings.epochs_per_job`,
-    no replay, and each epoch's events with the next one's (the task reads an epoch's chunks
-    while it computes the one before; it holds no other epoch's events) plus the carried rows at
-    most `settings.single_task_rows` (the job itself stops once its results reach
-    `kernel.JOB_RESULT_BYTES`; the epochs it leaves are planned again for the next job). Their
-    chunks and watermarks depend on chunk metadata only, so they are planned before any is
-    computed; each is still staged and committed on its own, in order, with the manifest it
-    would have had alone. The stream is listed once per job: the later epochs see that listing
-    from their offsets (`views_from`)."""
-    batch: list[Planned] = []
+    the previous job computed), whose state and id memory hold `carried` rows: as many of the
+    next epochs as `job_length` groups (a replayed epoch after a rewind is a job of its own; the
+    job itself stops once its results reach `kernel.JOB_RESULT_BYTES`, and the epochs it leaves
+    are planned again for the next job). Their chunks and watermarks depend on chunk metadata
+    only, so they are planned before any is computed; each is still staged and committed on its
+    own, in order, with the manifest it would have had alone. The stream is listed once per job:
+    the later epochs see that listing from their offsets (`views_from`)."""
+    planned: list[Planned] = []
     listed = read_stream(store, spec.stream, base.offsets)
-    while len(batch) < min(limit, settings.epochs_per_job()):
+    while len(planned) < min(limit, settings.epochs_per_job()):
         plan = plan_epoch(spec, base, views_from(listed, base.offsets), now)
-        if plan is None:
+        if plan is None or (planned and plan.replayed):
             break
-        fits = one_task([c for p in (*batch[-1:], plan) for c in p.chunks], carried)  # held together
-        if batch and (base.replay or not fits):
-            break  # a replayed epoch, or one that would not fit with the others, starts the next job
-        batch.append(plan)
-        if base.replay or not fits:
+        planned.append(plan)
+        if plan.replayed:
             break
         base = plan.after()
+    batch = planned[: job_length([p.chunks for p in planned], carried)]
     if progress:
         for plan in batch:
             progress(

@@ -3,8 +3,8 @@ after it as a replay, so that the engine's own epoch loop re-reads the same chun
 epochs with the same idleness decisions and, with the same inputs, commits the same results.
 
 Rewind commits one manifest and computes nothing: the replay itself is `engine.process`
-(`reclock.plan_epoch` takes a replayed epoch's recorded chunks and decisions). Backfills
-(backfill.py) still replay the timeline with a loop of their own.
+(`reclock.plan_epoch` takes a replayed epoch's recorded chunks and decisions). A backfill
+(backfill.py) replays the recorded timeline through the same epoch computation (`engine.compute`).
 """
 
 from __future__ import annotations

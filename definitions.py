@@ -13,7 +13,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import asset_keys, build_assets, pipeline_tags
+from assets import build_assets
+from assets.keys import asset_keys, pipeline_tags
 from resources import default_resources
 from sensors import build_schedule, build_sensor, job_name
 from wire_dagster.spec import Pipeline, load_all

@@ -17,117 +17,26 @@ partition instead (the asset specs are `skippable` for that).
 """
 
 import base64
-from collections.abc import Callable
-from contextvars import ContextVar
-from datetime import UTC, datetime
 
 import dagster as dg
 
 from resources import ObjectStoreResource, SparkResource
-from wire_dagster.errors import WireInputError
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import format_duration, iso
 
-PARTITION_FMT = "%Y-%m-%d-%H:%M"
-
-
-def partition_cron(spec: Pipeline) -> str:
-    """The cron schedule whose ticks are the partition boundaries."""
-    p = spec.partition
-    minute, hour, day = 60_000, 3_600_000, 86_400_000
-    if p % minute == 0 and p < hour and hour % p == 0:
-        k = p // minute
-        return "* * * * *" if k == 1 else f"*/{k} * * * *"
-    if p % hour == 0 and p < day and day % p == 0:
-        k = p // hour
-        return "0 * * * *" if k == 1 else f"0 */{k} * * *"
-    if p == day:
-        return "0 0 * * *"
-    raise WireInputError(
-        f"partition: {format_duration(p)} cannot be a Dagster time partition; use whole minutes dividing an hour, "
-        "whole hours dividing a day, or 1d"
-    )
-
-
-def partitions_def(spec: Pipeline) -> dg.TimeWindowPartitionsDefinition:
-    start = datetime.fromtimestamp(spec.start / 1000, tz=UTC)
-    if spec.end is not None:  # a bounded event-time range: exactly its partitions
-        end = datetime.fromtimestamp(spec.end / 1000, tz=UTC)
-        return dg.TimeWindowPartitionsDefinition(
-            start=start, end=end, fmt=PARTITION_FMT, cron_schedule=partition_cron(spec), timezone="UTC"
-        )
-    # Event times may run ahead of the wall clock by up to limits.max_future.
-    end_offset = -(-spec.max_future // spec.partition) + 1
-    return dg.TimeWindowPartitionsDefinition(
-        start=start, fmt=PARTITION_FMT, cron_schedule=partition_cron(spec), timezone="UTC", end_offset=end_offset
-    )
-
-
-def partition_key(spec: Pipeline, start_ms: int) -> str:
-    return datetime.fromtimestamp(start_ms / 1000, tz=UTC).strftime(PARTITION_FMT)
-
-
-def window_key(spec: Pipeline, window: str) -> dg.AssetKey:
-    return dg.AssetKey([spec.name, window])
-
-
-def dead_letter_key(spec: Pipeline) -> dg.AssetKey:
-    return dg.AssetKey([spec.name, "dead_letters"])
-
-
-def asset_keys(spec: Pipeline) -> list[dg.AssetKey]:
-    return [window_key(spec, w.name) for w in spec.windows] + [dead_letter_key(spec)]
-
-
-def pipeline_tags(spec: Pipeline) -> dict[str, str]:
-    return {"wire/pipeline": spec.name}
-
-
-#: Dagster's run tags for a range of partitions in one run (single-run backfills, sensor runs of an epoch).
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
-
-#: Run tags that make a run a backfill: Dagster's own (UI / GraphQL backfills) and `wire backfill`'s.
-BACKFILL_TAGS = ("dagster/backfill", "wire/backfill")
-
-#: Display only: `wire backfill` sets a callback (epochs replayed, epochs in total) around its
-#: in-process run to drive its progress bar; runs launched by the daemon leave it unset.
-BACKFILL_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("wire_backfill_progress", default=None)
-
-# Dagster's tags for a user-provided data version (what the output path writes for MaterializeResult).
-_DATA_VERSION_TAG = "dagster/data_version"
-_DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
-_CODE_VERSION_TAG = "dagster/code_version"
-
-
-def is_backfill(tags) -> bool:
-    return any(tags.get(t) for t in BACKFILL_TAGS)
-
-
-def _ms(dt: datetime) -> int:
-    return int(dt.timestamp() * 1000)
-
-
-def run_partitions(spec: Pipeline, context: dg.AssetExecutionContext) -> list[int]:
-    """The event-time partitions (start, ms) a run covers: one, or every one of its range."""
-    tw = context.partition_time_window
-    parts = list(range(_ms(tw.start), _ms(tw.end), spec.partition))
-    keys = list(context.partition_keys)
-    if [partition_key(spec, p) for p in parts] != keys:
-        raise WireInputError(
-            f"run partitions {keys[:3]}... do not match the pipeline's {format_duration(spec.partition)} partitions"
-        )
-    return parts
-
-
-def _window_description(w) -> str:
-    shape = {
-        "tumbling": f"tumbling {format_duration(w.size)}",
-        "sliding": f"sliding {format_duration(w.size)} every {format_duration(w.slide)}",
-        "session": f"session gap {format_duration(w.gap)}",
-    }[w.type]
-    aggs = ", ".join(f"{a.name}={a.func}({a.field or ''})" for a in w.aggregates)
-    return f"{shape}: {aggs}"
+from .keys import BACKFILL_PROGRESS, dead_letter_key, is_backfill, pipeline_tags, window_key
+from .metadata import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_TAG,
+    DATA_VERSION_USER_TAG,
+    chart_path,
+    dead,
+    dead_letter_metadata,
+    partition_status,
+    window_description,
+    window_metadata,
+)
+from .partitions import partition_key, partitions_def, run_partitions
 
 
 def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
@@ -137,7 +46,7 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
     specs = [
         dg.AssetSpec(
             window_key(spec, w.name),
-            description=_window_description(w),
+            description=window_description(w),
             group_name=group,
             kinds={"spark", "s3"},
             metadata={"wire/window": w.name, "wire/type": w.type},
@@ -238,7 +147,7 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
         }
         manifest = Checkpoints(store, spec.name).latest()
     reports = {p: partition_report(spec, manifest, p) for p in parts}
-    chart = plot_watermarks(store, spec, _chart_path(spec), reuse=True)
+    chart = plot_watermarks(store, spec, chart_path(spec), reuse=True)
     png = base64.b64encode(chart.read_bytes()).decode()
     chart_md = dg.MetadataValue.md(f"![watermark lag per segment](data:image/png;base64,{png})")
 
@@ -250,16 +159,16 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
             yield dg.MaterializeResult(
                 asset_key=window_key(spec, w.name),
                 data_version=dg.DataVersion(wr["data_version"]),
-                metadata=_window_metadata(
+                metadata=window_metadata(
                     spec, w.name, report, outcome is not None, outcome[w.name][p] if outcome is not None else None
                 ),
             )
         yield dg.MaterializeResult(
-            asset_key=dead_letter_key(spec), metadata=_dead_letter_metadata(report, chart, chart_md)
+            asset_key=dead_letter_key(spec), metadata=dead_letter_metadata(report, chart, chart_md)
         )
     else:
         # One event per partition and asset, each with its own data version (see the module docstring).
-        tags = {_DATA_VERSION_USER_TAG: "true", _CODE_VERSION_TAG: context.run_id}
+        tags = {DATA_VERSION_USER_TAG: "true", CODE_VERSION_TAG: context.run_id}
         for i, p in enumerate(parts):
             report, pk = reports[p], partition_key(spec, p)
             for w in spec.windows:
@@ -267,14 +176,14 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
                     dg.AssetMaterialization(
                         asset_key=window_key(spec, w.name),
                         partition=pk,
-                        metadata=_window_metadata(
+                        metadata=window_metadata(
                             spec,
                             w.name,
                             report,
                             outcome is not None,
                             outcome[w.name][p] if outcome is not None else None,
                         ),
-                        tags={**tags, _DATA_VERSION_TAG: report["windows"][w.name]["data_version"]},
+                        tags={**tags, DATA_VERSION_TAG: report["windows"][w.name]["data_version"]},
                     )
                 )
             # The chart (a PNG, tens of kB) goes with the range's last partition only.
@@ -282,7 +191,7 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
                 dg.AssetMaterialization(
                     asset_key=dead_letter_key(spec),
                     partition=pk,
-                    metadata=_dead_letter_metadata(report, chart, chart_md if i == len(parts) - 1 else None),
+                    metadata=dead_letter_metadata(report, chart, chart_md if i == len(parts) - 1 else None),
                 )
             )
 
@@ -300,7 +209,7 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
             passed=len(final) == len(parts),
             severity=dg.AssetCheckSeverity.WARN,
             metadata=(
-                {"status": _status(first), "watermark": first["watermark"]}
+                {"status": partition_status(first), "watermark": first["watermark"]}
                 if len(parts) == 1
                 else {**{f"partitions {k}": v for k, v in status.items()}, "watermark": first["watermark"]}
             ),
@@ -320,7 +229,7 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
         passed=bool(first["balanced"]),
         metadata={"epoch_counts": str(first["counts_epoch"]), "total_counts": str(tot)},
     )
-    rate = _dead(tot) / events if events else 0.0
+    rate = dead(tot) / events if events else 0.0
     yield dg.AssetCheckResult(
         asset_key=dead_letter_key(spec),
         check_name="dead_letter_rate",
@@ -328,67 +237,3 @@ def _run(spec: Pipeline, context: dg.AssetExecutionContext, store, spark):
         severity=dg.AssetCheckSeverity.WARN,
         metadata={"rate": rate},
     )
-
-
-def _status(report: dict) -> str:
-    return "final" if report["final"] else ("provisional" if report["ready"] else "not ready")
-
-
-def _dead(tot: dict) -> int:
-    return tot.get("duplicate", 0) + tot.get("malformed", 0) + max(tot.get("late", {}).values(), default=0)
-
-
-def _common_metadata(report: dict) -> dict:
-    return {
-        "watermark": report["watermark"],
-        "epoch": report["epoch"],
-        "remap": report["remap"],
-        "partition": f"[{report['partition']}, {report['partition_end']})",
-        "status": _status(report),
-    }
-
-
-def _window_metadata(spec: Pipeline, window: str, report: dict, backfill: bool, new_epoch: int | None) -> dict:
-    """A window's materialization metadata for one partition; a backfill adds `backfill`
-    (`reproduced`: same content and data version, or `changed`) and, when changed, `backfill_epoch`."""
-    tot = report["counts_total"]
-    wr = report["windows"][window]
-    md = {
-        **_common_metadata(report),
-        "rows": wr["rows"],
-        "events_in": tot.get("events_in", 0),
-        "counted": tot.get("counted", {}).get(window, 0),
-        "late": tot.get("late", {}).get(window, 0),
-        "duplicate": tot.get("duplicate", 0),
-        "malformed": tot.get("malformed", 0),
-        "file": wr["file"] or "-",
-    }
-    if backfill:
-        md["backfill"] = "changed" if new_epoch is not None else "reproduced"
-        if new_epoch is not None:
-            md["backfill_epoch"] = new_epoch
-    return md
-
-
-def _dead_letter_metadata(report: dict, chart, chart_md) -> dict:
-    tot = report["counts_total"]
-    md = {
-        **_common_metadata(report),
-        "events_in": tot.get("events_in", 0),
-        "duplicate": tot.get("duplicate", 0),
-        "malformed": tot.get("malformed", 0),
-        "late": str(tot.get("late", {})),
-    }
-    if chart_md is not None:
-        md["watermark_lag_chart"] = chart_md
-    md["watermark_lag_chart_path"] = dg.MetadataValue.path(str(chart))
-    return md
-
-
-def _chart_path(spec: Pipeline):
-    import os
-    import tempfile
-    from pathlib import Path
-
-    base = Path(os.environ.get("DAGSTER_HOME") or tempfile.gettempdir()) / "wire-charts"
-    return base / f"{spec.name}-watermark-lag.png"

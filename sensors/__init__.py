@@ -11,7 +11,8 @@ commits. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
 
 import dagster as dg
 
-from assets import RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags
+from assets.keys import pipeline_tags
+from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
 from resources import ObjectStoreResource
 from wire_dagster.planner import plan
 from wire_dagster.spec import Pipeline
@@ -74,7 +75,7 @@ def build_sensor(spec: Pipeline, job) -> dg.SensorDefinition:
 
 def build_schedule(spec: Pipeline, job) -> dg.ScheduleDefinition:
     """For users who prefer scheduled runs: the same plan, on a cron (stopped by default)."""
-    from assets import partition_cron
+    from assets.partitions import partition_cron
 
     @dg.schedule(
         name=f"{spec.name.replace('-', '_')}_schedule",

@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from assets import BACKFILL_PROGRESS, RANGE_END_TAG, RANGE_START_TAG, partition_key, pipeline_tags, window_key
+from assets.keys import BACKFILL_PROGRESS, pipeline_tags, window_key
+from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
 from sensors import job_name
 from sensors.runs import PipelineRuns, Signals, quiet_libraries, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home

@@ -135,7 +135,7 @@ def _ms(dt: datetime) -> int:
     ],
 )
 def test_partitions_match_the_pipeline(size: str, start: str) -> None:
-    from assets import partition_key
+    from assets.partitions import partition_key
     from definitions import build_definitions
     from sensors import job_name
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from sensors import job_name, request_partitions, sensor_name
+from sensors import NO_BACKOFF, job_name, request_partitions, sensor_name
 from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
@@ -46,13 +46,13 @@ def tick(
         with PipelineRuns(instance, spec.name, job, "wire tick", signals, console) as runs:
             # Evaluated once the pipeline is ours: a tick that waited for another sees its commits.
             signals.doing = "while evaluating the sensor (no run started)"
-            key = f"wire/tick-cursor/{spec.name}"
-            cursor = instance.run_storage.get_cursor_values({key}).get(key)
-            with dg.build_sensor_context(
-                instance=instance, cursor=cursor, resources=default_resources(), definitions=defs
-            ) as ctx:
+            with dg.build_sensor_context(instance=instance, resources=default_resources(), definitions=defs) as ctx:
                 quiet_sensor_log(ctx)
-                result = sensor_def(ctx)
+                token = NO_BACKOFF.set(True)
+                try:
+                    result = sensor_def(ctx)
+                finally:
+                    NO_BACKOFF.reset(token)
             runs.check()
             assert isinstance(result, dg.SensorResult)  # build_sensor's sensors return one
             reqs = list(result.run_requests or [])
@@ -86,6 +86,4 @@ def tick(
                 if not res.success:
                     row["error"] = run_error(res, say_on(console))
                     break  # the next runs would start from the same last commit
-            if result.cursor is not None:
-                instance.run_storage.set_cursor_values({key: result.cursor})
     return done

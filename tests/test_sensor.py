@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -125,7 +126,14 @@ def store_resource(env: dict[str, str], endpoint: str | None = None) -> ObjectSt
 
 
 def evaluate(sensor, env: dict[str, str], cursor: str | None, endpoint: str | None = None) -> dg.SensorResult:
-    with dg.build_sensor_context(cursor=cursor, resources={"wire_store": store_resource(env, endpoint)}) as ctx:
+    """One evaluation from `cursor`, on an instance of its own (no cursor shared with another
+    evaluation, no run of an earlier one: each is a first look at the stream)."""
+    with (
+        dg.DagsterInstance.ephemeral() as instance,
+        dg.build_sensor_context(
+            instance=instance, cursor=cursor, resources={"wire_store": store_resource(env, endpoint)}
+        ) as ctx,
+    ):
         result = sensor(ctx)
     assert isinstance(result, dg.SensorResult), f"the sensor returned {result!r}, not a SensorResult"
     return result
@@ -381,3 +389,65 @@ def test_one_run_per_epoch_over_its_partition_range():
         ("1", T0, T0 + 2 * M, run_key(1, T0, T0 + 2 * M)),
         ("2-3", T0 + 3 * M, T0 + 4 * M, "sens:e2-3:2026-01-01T00:03:00.000Z..2026-01-01T00:04:00.000Z"),
     ]
+
+
+def test_failed_run_keys_get_their_next_attempt_after_a_back_off() -> None:
+    """A request whose run key failed gets `<key>#2` (then #3 ...) once `retry_delay` has passed
+    since the failure (at once for `wire tick`); a key whose attempt is queued, running or done
+    keeps that attempt; the runs of other sensors do not count."""
+    from dagster._core.test_utils import create_run_for_test
+
+    from sensors import NO_BACKOFF, RUN_KEY_TAG, SENSOR_NAME_TAG, retry_delay, retry_keys
+
+    S = dg.DagsterRunStatus
+    with dg.DagsterInstance.ephemeral() as inst:
+
+        def run(key: str, status, sensor: str = "s") -> None:
+            create_run_for_test(inst, status=status, tags={RUN_KEY_TAG: key, SENSOR_NAME_TAG: sensor})
+
+        def keys(now: float) -> list[str | None]:
+            reqs = [dg.RunRequest(run_key=k, tags={"x": "1"}) for k in ("a", "b", "c", "d")]
+            return [r.run_key for r in retry_keys(inst, "s", reqs, now=now)]
+
+        run("a", S.FAILURE)  # a failed: #2 after the back-off
+        run("b", S.FAILURE)
+        run("b#2", S.STARTED)  # b's second attempt is running: b#2 (the daemon skips it)
+        run("c", S.SUCCESS)  # c ran: c
+        run("d", S.FAILURE, sensor="other")  # another sensor's run: d is new to this one
+        now = time.time()
+        assert keys(now) == ["b#2", "c", "d"]  # a held back: it failed a moment ago
+        assert keys(now + retry_delay(1) + 1) == ["a#2", "b#2", "c", "d"]
+        token = NO_BACKOFF.set(True)
+        try:
+            assert keys(now) == ["a#2", "b#2", "c", "d"]
+        finally:
+            NO_BACKOFF.reset(token)
+        run("a#2", S.CANCELED)  # a canceled attempt counts as failed
+        assert keys(now + retry_delay(2) + 1)[0] == "a#3"
+    assert [retry_delay(n) for n in (1, 2, 3, 8, 20)] == [5.0, 10.0, 20.0, 300.0, 300.0]
+
+
+def test_the_cursor_is_shared_and_a_failed_backlog_plan_is_forgotten() -> None:
+    """The daemon and `wire tick` read the newer of their cursors (the later epoch); a cursor's
+    planned backlog run is dropped once that run failed, so the epochs it committed before failing
+    are requested (and reported) as committed epochs."""
+    from dagster._core.test_utils import create_run_for_test
+
+    from sensors import RUN_KEY_TAG, SENSOR_NAME_TAG, forget_failed_plan, save_cursor, shared_cursor
+    from wire_dagster.spec import pipeline_from_dict
+
+    spec = pipeline_from_dict(PIPELINE | {"name": "shared"})
+    old = json.dumps({"epoch": 2})
+    new = json.dumps({"epoch": 5, "planned": {"key": "k", "to": 7, "first": 0, "last": 60_000}})
+    with dg.DagsterInstance.ephemeral() as inst:
+        assert shared_cursor(spec, inst, None) is None and shared_cursor(spec, inst, old) == old
+        save_cursor(spec, inst, new)
+        assert shared_cursor(spec, inst, None) == new and shared_cursor(spec, inst, old) == new
+        save_cursor(spec, inst, old)
+        assert shared_cursor(spec, inst, new) == new
+
+        assert forget_failed_plan(inst, "s", new) == new  # no run of k yet
+        create_run_for_test(inst, status=dg.DagsterRunStatus.FAILURE, tags={RUN_KEY_TAG: "k", SENSOR_NAME_TAG: "s"})
+        assert json.loads(forget_failed_plan(inst, "s", new) or "") == {"epoch": 5}
+        create_run_for_test(inst, status=dg.DagsterRunStatus.STARTED, tags={RUN_KEY_TAG: "k#2", SENSOR_NAME_TAG: "s"})
+        assert forget_failed_plan(inst, "s", new) == new  # its retry is running: it reports them

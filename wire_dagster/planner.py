@@ -162,6 +162,7 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
     backlog = [r for r in ordered if r.epoch > committed]
     if backlog:
         state["planned"] = {
+            "key": _span(backlog).run_key(spec.name),  # its run: if that fails, nothing reports these
             "to": max(r.epoch for r in backlog),
             "first": min(r.partition for r in backlog),
             "last": max(r.partition for r in backlog),

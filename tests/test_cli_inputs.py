@@ -293,3 +293,32 @@ cli.entry()
     assert p.returncode == 3, p.stderr
     assert (p.stdout, p.stderr) == ("no newline, buffered", "err, buffered")
     assert marks.read_text() == "thread\nhandler\n"
+
+
+def test_a_closed_stream_refuses_new_events_in_any_segment(
+    store: ObjectStore, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """After `wire close`, `wire produce` to the stream exits 2 with one line saying what to do,
+    for a sealed segment and for a new one alike, and writes nothing. A new segment whose first
+    chunk is claimed as the stream closes (after the producer's check) is refused too, and
+    sealed: the stream stays closed."""
+    from wire_dagster.errors import WireInputError
+    from wire_dagster.ingest import open_input
+    from wire_dagster.streams import append_chunk, read_stream, sealed_seq
+
+    f = _jsonl(tmp_path / "a.jsonl", [_event(i) for i in range(3)])
+    run_wire(["produce", "--pipeline", "clicks", "--file", str(f), "--segment", "a"], cli_env, check=True)
+    run_wire(["close", "--pipeline", "clicks"], cli_env, check=True)
+    before = _keys(store)
+    cases = {seg: ["produce", "--pipeline", "clicks", "--file", str(f), "--segment", seg] for seg in ("a", "new")}
+    for name, p in _run_all(cases, cli_env).items():
+        _assert_one_line_error(name, p, 2, "stream 'clicks' is closed", "a new stream", "rewind")
+    assert _keys(store) == before
+
+    spec = load_pipeline(CLICKS)
+    good, dlq = open_input(f).normalize(spec, 0, 3, START + 10**9)
+    with pytest.raises(WireInputError, match="was closed during the append"):
+        append_chunk(store, spec, "late", good, dlq, check_sealed=False)  # past the check, as in a race
+    assert sealed_seq(store, "clicks", "late") == 0
+    views = read_stream(store, "clicks", {})
+    assert sorted(views) == ["a", "late"] and all(v.sealed_at is not None for v in views.values())

@@ -6,6 +6,7 @@ Layout under the bucket::
     streams/<stream>/segments/<segment>/data/<uuid>.parquet     # valid events, normalized
     streams/<stream>/segments/<segment>/data/<uuid>.dlq.parquet # malformed records of the chunk
     streams/<stream>/segments/<segment>/_SEALED                 # last sequence of a sealed segment
+    streams/<stream>/_CLOSED                                    # the stream is closed: no new segment
 
 A chunk exists once its index object exists: data and dead letters are written
 first under unique keys, then the index is created with create-if-absent, so two
@@ -110,6 +111,24 @@ def sealed_seq(store: ObjectStore, stream: str, segment: str) -> int | None:
         return None
 
 
+def closed_key(stream: str) -> str:
+    return f"{stream_prefix(stream)}_CLOSED"
+
+
+def _closed_error(stream: str, during: bool = False) -> WireInputError:
+    when = "was closed during the append" if during else "is closed (wire close sealed its segments)"
+    return WireInputError(
+        f"stream {stream!r} {when}: its watermark is final (+inf) and never goes back, so its new "
+        "events could only be late; produce to a new stream, or rewind its pipelines to an epoch before the close"
+    )
+
+
+def is_closed(store: ObjectStore, stream: str) -> bool:
+    """Whether `wire close` closed the stream (its `_CLOSED` marker; a stream closed by a Wire
+    without the marker has only its seals, which refuse its existing segments)."""
+    return store.exists(closed_key(stream))
+
+
 def append_chunk(
     store: ObjectStore,
     spec: Pipeline,
@@ -123,13 +142,19 @@ def append_chunk(
     `seq_hint`, the sequence after this producer's last chunk, else after the segment's last).
 
     A segment sealed before the claim is an error either way (checked after it); `check_sealed`
-    also checks before anything is written. A producer's later chunks skip that first check:
-    its previous chunk was checked after its claim, a moment before."""
+    also checks before anything is written, and refuses a closed stream. A producer's later
+    chunks skip that first check: its previous chunk was checked after its claim, a moment
+    before. A closed stream seals every segment it has, so only a new segment's first chunk can
+    slip past a concurrent close: that claim checks the stream's `_CLOSED` marker after it."""
     import pyarrow.compute as pc
 
     seg_prefix = segment_prefix(spec.stream, segment)
     if check_sealed and sealed_seq(store, spec.stream, segment) is not None:
+        if is_closed(store, spec.stream):
+            raise _closed_error(spec.stream)
         raise WireInputError(f"--segment: segment {segment!r} of stream {spec.stream!r} is sealed; use another segment")
+    if check_sealed and is_closed(store, spec.stream):
+        raise _closed_error(spec.stream)
     uid = uuid.uuid4().hex
     data_key = dlq_key = None
     size = 0
@@ -163,6 +188,14 @@ def append_chunk(
         sealed = sealed_seq(store, spec.stream, segment)
         if sealed is not None and seq > sealed:
             raise WireInputError(f"--segment: segment {segment!r} was sealed during the append; chunk {seq} is ignored")
+        if seq == 0 and sealed is None and store.exists(closed_key(spec.stream)):
+            # A segment begun as the stream closed: sealed here, so the stream stays closed
+            # (W = +inf); the chunk's events are read as late, and so dead letters.
+            try:
+                store.create_if_absent(seg_prefix + "_SEALED", json.dumps({"last_seq": seq}).encode())
+            except ObjectExists:
+                pass
+            raise _closed_error(spec.stream, during=True)
         return meta
 
 
@@ -264,7 +297,12 @@ def _append_input(
 
 
 def close_stream(store: ObjectStore, spec: Pipeline) -> dict[str, int]:
-    """Seal every segment: no more chunks. Idempotent: a sealed segment keeps its seal."""
+    """Close the stream: its `_CLOSED` marker first (from then on no producer starts a segment),
+    then seal every segment: no more chunks. Idempotent: a sealed segment keeps its seal."""
+    try:
+        store.create_if_absent(closed_key(spec.stream), json.dumps({"closed_ms": now_ms()}).encode())
+    except ObjectExists:
+        pass  # closed before: the seals below are idempotent too
     out = {}
     for seg in list_segments(store, spec.stream):
         last = last_seq(store, spec.stream, seg)

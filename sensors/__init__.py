@@ -9,7 +9,8 @@ partitions) so a tick never launches twice, and a cursor whose epoch moves only 
 commits. Errors propagate (Dagster shows a failed tick); nothing becomes a skip.
 
 The daemon and `wire tick` evaluate the same sensor, so they share what it remembers: the
-cursor lives in the instance (`shared_cursor`), and every run carries the sensor's name, so
+cursor lives in the instance (`shared_cursor`; the daemon saves it as it evaluates, `wire tick`
+once its runs succeeded), and every run carries the sensor's name, so
 the daemon, which launches a run key once per sensor, never repeats a run `wire tick` launched.
 A run key whose run failed would so never run again, and the sensor plans the same epochs
 until they commit: `retry_keys` gives such a request the key's next attempt (`<key>#2`, ...)
@@ -45,9 +46,12 @@ RETRY_BASE_S, RETRY_MAX_S = 5.0, 300.0  # back-off after a failed run: 5 s, doub
 MAX_ATTEMPTS = 1000  # a key failing this often is left failed (and said so)
 
 
-#: Set by `wire tick` around its evaluation: a person (or a cron job) asked for the work now, so
-#: a failed key's next attempt is requested at once, with no back-off.
-NO_BACKOFF: ContextVar[bool] = ContextVar("wire_no_backoff", default=False)
+#: Set by `wire tick` around its evaluation. A person (or a cron job) asked for the work now, so
+#: a failed key's next attempt is requested at once, with no back-off; and the tick saves the
+#: shared cursor itself once its runs have succeeded (`save_cursor`): a tick killed, or whose run
+#: failed, leaves the cursor where it was, so the next evaluation asks for that work again.
+#: The daemon's evaluations save it at once, as Dagster stores a sensor's cursor.
+BY_TICK: ContextVar[bool] = ContextVar("wire_by_tick", default=False)
 
 
 def _cursor_key(spec: Pipeline) -> str:
@@ -120,7 +124,7 @@ def retry_keys(
             if log is not None:
                 log.error(f"{base}: {MAX_ATTEMPTS} runs failed; not retried again")
             continue
-        if last is not None and not has_run and not NO_BACKOFF.get():
+        if last is not None and not has_run and not BY_TICK.get():
             rec = instance.get_run_record_by_id(last.run_id)
             # when it ended (a run failed before it started has no end time: its last update)
             ended = (rec.end_time or rec.update_timestamp.timestamp()) if rec is not None else now
@@ -183,7 +187,8 @@ def build_sensor(spec: Pipeline, job) -> dg.SensorDefinition:
         cursor = forget_failed_plan(instance, sensor, shared_cursor(spec, instance, context.cursor))
         reqs, cursor, summary = run_requests(spec, wire_store.get_store(), cursor)
         reqs = retry_keys(instance, sensor, reqs, log=context.log)
-        save_cursor(spec, instance, cursor)
+        if not BY_TICK.get():
+            save_cursor(spec, instance, cursor)
         context.log.info(summary)
         return dg.SensorResult(run_requests=reqs, cursor=cursor)
 

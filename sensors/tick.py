@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
-from sensors import NO_BACKOFF, job_name, request_partitions, sensor_name
+from sensors import BY_TICK, job_name, request_partitions, save_cursor, sensor_name
 from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
@@ -48,11 +48,11 @@ def tick(
             signals.doing = "while evaluating the sensor (no run started)"
             with dg.build_sensor_context(instance=instance, resources=default_resources(), definitions=defs) as ctx:
                 quiet_sensor_log(ctx)
-                token = NO_BACKOFF.set(True)
+                token = BY_TICK.set(True)
                 try:
                     result = sensor_def(ctx)
                 finally:
-                    NO_BACKOFF.reset(token)
+                    BY_TICK.reset(token)
             runs.check()
             assert isinstance(result, dg.SensorResult)  # build_sensor's sensors return one
             reqs = list(result.run_requests or [])
@@ -86,4 +86,6 @@ def tick(
                 if not res.success:
                     row["error"] = run_error(res, say_on(console))
                     break  # the next runs would start from the same last commit
+            if result.cursor is not None and all(r["status"] == "SUCCESS" for r in done):
+                save_cursor(spec, instance, result.cursor)  # else the next evaluation asks again
     return done

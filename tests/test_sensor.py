@@ -397,7 +397,7 @@ def test_failed_run_keys_get_their_next_attempt_after_a_back_off() -> None:
     keeps that attempt; the runs of other sensors do not count."""
     from dagster._core.test_utils import create_run_for_test
 
-    from sensors import NO_BACKOFF, RUN_KEY_TAG, SENSOR_NAME_TAG, retry_delay, retry_keys
+    from sensors import BY_TICK, RUN_KEY_TAG, SENSOR_NAME_TAG, retry_delay, retry_keys
 
     S = dg.DagsterRunStatus
     with dg.DagsterInstance.ephemeral() as inst:
@@ -417,11 +417,11 @@ def test_failed_run_keys_get_their_next_attempt_after_a_back_off() -> None:
         now = time.time()
         assert keys(now) == ["b#2", "c", "d"]  # a held back: it failed a moment ago
         assert keys(now + retry_delay(1) + 1) == ["a#2", "b#2", "c", "d"]
-        token = NO_BACKOFF.set(True)
+        token = BY_TICK.set(True)
         try:
             assert keys(now) == ["a#2", "b#2", "c", "d"]
         finally:
-            NO_BACKOFF.reset(token)
+            BY_TICK.reset(token)
         run("a#2", S.CANCELED)  # a canceled attempt counts as failed
         assert keys(now + retry_delay(2) + 1)[0] == "a#3"
     assert [retry_delay(n) for n in (1, 2, 3, 8, 20)] == [5.0, 10.0, 20.0, 300.0, 300.0]

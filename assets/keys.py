@@ -24,6 +24,10 @@ def pipeline_tags(spec: Pipeline) -> dict[str, str]:
     return {"wire/pipeline": spec.name}
 
 
+#: Dagster's run key tag, and its sensor name tag (the daemon matches a sensor's run keys by both).
+RUN_KEY_TAG = "dagster/run_key"
+SENSOR_NAME_TAG = "dagster/sensor_name"
+
 #: Run tags that make a run a backfill: Dagster's own (UI / GraphQL backfills) and `wire backfill`'s.
 BACKFILL_TAGS = ("dagster/backfill", "wire/backfill")
 

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 
 import dagster as dg
 
-from assets.keys import pipeline_tags
+from assets.keys import RUN_KEY_TAG, SENSOR_NAME_TAG, pipeline_tags
 from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
 from resources import ObjectStoreResource
 from wire_dagster.planner import parse_cursor, plan
@@ -39,8 +39,6 @@ def job_name(spec: Pipeline) -> str:
     return f"{spec.name.replace('-', '_')}_job"
 
 
-SENSOR_NAME_TAG = "dagster/sensor_name"  # Dagster's: the daemon matches a sensor's run keys by it
-RUN_KEY_TAG = "dagster/run_key"
 FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 RETRY_BASE_S, RETRY_MAX_S = 5.0, 300.0  # back-off after a failed run: 5 s, doubling, at most 5 min
 MAX_ATTEMPTS = 1000  # a key failing this often is left failed (and said so)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import dagster as dg
 
+from assets.keys import RUN_KEY_TAG
 from sensors import BY_TICK, job_name, request_partitions, save_cursor, sensor_name
 from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
@@ -60,7 +61,7 @@ def tick(
                 progress(0, len(reqs))
             for i, rr in enumerate(reqs, start=1):
                 assert rr.run_key is not None  # run_requests keys every request
-                existing = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1)
+                existing = instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: rr.run_key}), limit=1)
                 if existing and existing[0].is_success:
                     # As the daemon does: a run key that already ran launches nothing.
                     if chatty is not None:
@@ -72,7 +73,7 @@ def tick(
                 if chatty is not None:
                     chatty.print(f"running {rr.run_key} (partition {request_partitions(rr)})")
                 res = runs.execute(
-                    partition_key=rr.partition_key, tags={**rr.tags, "dagster/run_key": rr.run_key}, what=rr.run_key
+                    partition_key=rr.partition_key, tags={**rr.tags, RUN_KEY_TAG: rr.run_key}, what=rr.run_key
                 )
                 row: dict[str, object] = {
                     "run_key": rr.run_key,

@@ -397,7 +397,8 @@ def test_failed_run_keys_get_their_next_attempt_after_a_back_off() -> None:
     keeps that attempt; the runs of other sensors do not count."""
     from dagster._core.test_utils import create_run_for_test
 
-    from sensors import BY_TICK, RUN_KEY_TAG, SENSOR_NAME_TAG, retry_delay, retry_keys
+    from assets.keys import RUN_KEY_TAG, SENSOR_NAME_TAG
+    from sensors import BY_TICK, retry_delay, retry_keys
 
     S = dg.DagsterRunStatus
     with dg.DagsterInstance.ephemeral() as inst:
@@ -433,7 +434,8 @@ def test_the_cursor_is_shared_and_a_failed_backlog_plan_is_forgotten() -> None:
     are requested (and reported) as committed epochs."""
     from dagster._core.test_utils import create_run_for_test
 
-    from sensors import RUN_KEY_TAG, SENSOR_NAME_TAG, forget_failed_plan, save_cursor, shared_cursor
+    from assets.keys import RUN_KEY_TAG, SENSOR_NAME_TAG
+    from sensors import forget_failed_plan, save_cursor, shared_cursor
     from wire_dagster.spec import pipeline_from_dict
 
     spec = pipeline_from_dict(PIPELINE | {"name": "shared"})

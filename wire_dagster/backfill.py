@@ -24,7 +24,7 @@ from .partitions import starts as partition_starts
 from .reclock import job_length
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import read_stream
+from .streams import read_stream, views_from
 from .timeutil import NEG_INF, iso, now_ms
 
 
@@ -53,8 +53,9 @@ def recompute(
         return contents
     steps = timeline(cp, latest)
     epochs, offsets, w_prev = [], {}, NEG_INF
+    listed = read_stream(store, spec.stream, {})  # one listing; each epoch sees it from its offsets
     for st in steps:  # each recorded epoch: the chunks between its predecessor's offsets and its own
-        views = read_stream(store, spec.stream, offsets)
+        views = views_from(listed, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
         epochs.append((chunks, w_prev, st.watermark))
         offsets, w_prev = st.remap, st.watermark

@@ -149,12 +149,13 @@ def append_chunk(
     import pyarrow.compute as pc
 
     seg_prefix = segment_prefix(spec.stream, segment)
-    if check_sealed and sealed_seq(store, spec.stream, segment) is not None:
+    if check_sealed:
         if is_closed(store, spec.stream):
             raise _closed_error(spec.stream)
-        raise WireInputError(f"--segment: segment {segment!r} of stream {spec.stream!r} is sealed; use another segment")
-    if check_sealed and is_closed(store, spec.stream):
-        raise _closed_error(spec.stream)
+        if sealed_seq(store, spec.stream, segment) is not None:
+            raise WireInputError(
+                f"--segment: segment {segment!r} of stream {spec.stream!r} is sealed; use another segment"
+            )
     uid = uuid.uuid4().hex
     data_key = dlq_key = None
     size = 0
@@ -188,13 +189,10 @@ def append_chunk(
         sealed = sealed_seq(store, spec.stream, segment)
         if sealed is not None and seq > sealed:
             raise WireInputError(f"--segment: segment {segment!r} was sealed during the append; chunk {seq} is ignored")
-        if seq == 0 and sealed is None and store.exists(closed_key(spec.stream)):
+        if seq == 0 and sealed is None and is_closed(store, spec.stream):
             # A segment begun as the stream closed: sealed here, so the stream stays closed
             # (W = +inf); the chunk's events are read as late, and so dead letters.
-            try:
-                store.create_if_absent(seg_prefix + "_SEALED", json.dumps({"last_seq": seq}).encode())
-            except ObjectExists:
-                pass
+            seal_segment(store, spec.stream, segment, seq)
             raise _closed_error(spec.stream, during=True)
         return meta
 
@@ -303,17 +301,21 @@ def close_stream(store: ObjectStore, spec: Pipeline) -> dict[str, int]:
         store.create_if_absent(closed_key(spec.stream), json.dumps({"closed_ms": now_ms()}).encode())
     except ObjectExists:
         pass  # closed before: the seals below are idempotent too
-    out = {}
-    for seg in list_segments(store, spec.stream):
-        last = last_seq(store, spec.stream, seg)
-        try:
-            store.create_if_absent(
-                segment_prefix(spec.stream, seg) + "_SEALED", json.dumps({"last_seq": last}).encode()
-            )
-            out[seg] = last
-        except ObjectExists:
-            out[seg] = sealed_seq(store, spec.stream, seg)  # type: ignore[assignment]
-    return out
+    return {
+        seg: seal_segment(store, spec.stream, seg, last_seq(store, spec.stream, seg))
+        for seg in list_segments(store, spec.stream)
+    }
+
+
+def seal_segment(store: ObjectStore, stream: str, segment: str, last: int) -> int:
+    """Seal a segment after chunk `last` (create-if-absent); the seal it has, if it had one."""
+    try:
+        store.create_if_absent(segment_prefix(stream, segment) + "_SEALED", json.dumps({"last_seq": last}).encode())
+        return last
+    except ObjectExists:
+        sealed = sealed_seq(store, stream, segment)
+        assert sealed is not None  # a seal is never deleted
+        return sealed
 
 
 # ---------------------------------------------------------------------------

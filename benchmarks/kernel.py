@@ -309,7 +309,16 @@ def run_duckdb(store, stream: str, kinds: list[str], threads: int) -> dict:
     con.execute(f"SET threads={threads}")
     rows = {}
     with TreeRss() as mem, timed() as wall:
-        ev = pads.dataset(keys, filesystem=store.arrow_fs(), format="parquet")  # noqa: F841 (scanned by DuckDB)
+        chunks = pads.dataset(keys, filesystem=store.arrow_fs(), format="parquet")
+        con.register("chunks", chunks)
+        # The stream's records (a shared stream's chunks: the record's Parquet columns under `_rec`),
+        # read as the pipeline reads them: its key and its field.
+        con.execute(
+            "CREATE OR REPLACE TEMP VIEW ev AS SELECT _t, CAST(_rec.user_id AS VARCHAR) AS _key, "
+            "CAST(_rec.amount AS DOUBLE) AS f_amount FROM chunks"
+            if "_rec" in chunks.schema.names
+            else "CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM chunks"
+        )
         for k in kinds:
             rows[WINDOWS[k]["name"]] = con.execute(f"SELECT count(*) FROM ({duckdb_sql(k)})").fetchall()[0][0]
     con.close()

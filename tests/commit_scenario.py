@@ -23,7 +23,6 @@ computed here from the events, not taken from the engine.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -34,13 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import yaml
 
 import reference
 from conftest import run_wire
 from wire_dagster import results
 from wire_dagster.checkpoint import Checkpoints
+from wire_dagster.extract import read_chunk
 from wire_dagster.manifest import Manifest, sha256
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import Pipeline, load_pipeline
@@ -179,7 +178,7 @@ def chunk_events(store: ObjectStore, spec: Pipeline) -> dict[tuple[str, int], li
     out = {}
     for seg, view in read_stream(store, spec.stream, {}).items():
         for c in view.chunks:
-            rows = pq.read_table(io.BytesIO(store.get(c.data_key))).to_pylist() if c.data_key else []
+            rows = read_chunk(store, spec, c).to_pylist()
             for r in rows:
                 r["_seg"], r["_seq"] = seg, c.seq
             out[(seg, c.seq)] = rows

@@ -31,6 +31,7 @@ from conftest import run_wire
 from wire_dagster import engine, events, ingest, kernel, results, streams
 from wire_dagster.aggregates import NOT_FINITE, OUT_OF_RANGE
 from wire_dagster.bucketkernel import event_errors
+from wire_dagster.extract import read_chunk
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.parquetio import parquet_bytes
 from wire_dagster.spec import Pipeline, field_column, load_pipeline, pipeline_from_dict
@@ -92,7 +93,7 @@ def dead_letters(store: ObjectStore, spec: Pipeline, segment: str) -> dict[int, 
 def stored(store: ObjectStore, spec: Pipeline, segment: str) -> dict[int, dict]:
     """row -> stored event (chunk columns) of the segment's first chunk."""
     [c] = streams.read_stream(store, spec.stream, {})[segment].chunks
-    return {r["_row"]: r for r in pq.read_table(io.BytesIO(store.get(c.data_key))).to_pylist()} if c.data_key else {}
+    return {r["_row"]: r for r in read_chunk(store, spec, c).to_pylist()}
 
 
 def same_float(a: float | None, b: float | None) -> bool:

@@ -147,8 +147,10 @@ def test_bad_input_exits_2_and_writes_nothing(
 def test_one_produce_command_appends_several_files(store: ObjectStore, cli_env: dict[str, str], tmp_path: Path) -> None:
     """`wire produce` with three files in one process: the first to segment a, the other two to
     segment b one after the other; each segment holds exactly its files' events, in order."""
+    from wire_dagster.extract import read_chunk
     from wire_dagster.streams import read_stream
 
+    spec = load_pipeline(CLICKS)
     a = [_event(i) for i in range(5)]
     b1 = [_event(10 + i) for i in range(3)]
     b2 = [_event(20 + i) for i in range(2)]
@@ -171,7 +173,7 @@ def test_one_produce_command_appends_several_files(store: ObjectStore, cli_env: 
         got = []
         for c in chunks:
             assert c.data_key is not None, (seg, c.seq)  # no malformed record: every chunk holds data
-            got += pq.read_table(pa.BufferReader(store.get(c.data_key))).to_pylist()
+            got += read_chunk(store, spec, c).to_pylist()
         assert [(r["_t"], r["_id"]) for r in got] == [(e["ts"], e["event_id"]) for e in want], seg
 
 

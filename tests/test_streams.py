@@ -3,7 +3,6 @@ and malformed input landing in the dead letters at its exact source position."""
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import threading
@@ -19,6 +18,7 @@ import yaml
 
 from wire_dagster import ingest, streams
 from wire_dagster.errors import WireInputError
+from wire_dagster.extract import read_chunk
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import Pipeline, load_pipeline, pipeline_from_dict
 from wire_dagster.timeutil import now_ms
@@ -46,10 +46,9 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def chunk_data(store: ObjectStore, meta: streams.ChunkMeta) -> list[dict]:
-    if meta.data_key is None:
-        return []
-    return pq.read_table(io.BytesIO(store.get(meta.data_key))).to_pylist()
+def chunk_data(store: ObjectStore, spec: Pipeline, meta: streams.ChunkMeta) -> list[dict]:
+    """The events `spec` makes of a chunk (its stream's records, read as the pipeline reads them)."""
+    return read_chunk(store, spec, meta).to_pylist()
 
 
 def all_chunks(store: ObjectStore, stream: str) -> dict[str, list[streams.ChunkMeta]]:
@@ -82,7 +81,7 @@ def test_append_and_read_two_segments_by_offsets(store: ObjectStore, spec: Pipel
             assert (c.stream, c.segment, c.rows, c.malformed, c.dlq_key) == (spec.stream, seg, len(recs), 0, None)
             assert c.min_t == min(r["ts"] for r in recs) and c.max_t == max(r["ts"] for r in recs)
             assert before <= c.ingest_ms <= after
-            rows = chunk_data(store, c)
+            rows = chunk_data(store, spec, c)
             assert [(r["_t"], r["_key"], r["_id"], r["f_amount"], r["_row"]) for r in rows] == [
                 (r["ts"], r["user_id"], r["event_id"], r["amount"], i) for i, r in enumerate(recs)
             ]
@@ -145,7 +144,7 @@ def test_large_input_is_split_into_chunks_of_chunk_rows(store: ObjectStore, spec
     assert [c.rows for c in chunks] == [500, 500, 500, 500, 345]
     seen = []
     for c in chunks:
-        rows = chunk_data(store, c)
+        rows = chunk_data(store, spec, c)
         part = recs[c.seq * size : (c.seq + 1) * size]
         assert [r["_row"] for r in rows] == list(range(len(part)))
         assert (c.min_t, c.max_t) == (min(r["ts"] for r in part), max(r["ts"] for r in part))
@@ -229,7 +228,7 @@ def _check_segment_exactly_once(
     ids = Counter()
     for c in chunks:
         assert c.data_key is not None
-        t = pq.read_table(io.BytesIO(store.get(c.data_key)))
+        t = read_chunk(store, spec, c)
         assert t.num_rows == c.rows
         ids.update(t.column("_id").to_pylist())
     assert ids == Counter(expect_ids)
@@ -262,7 +261,7 @@ def test_two_producer_threads_on_one_segment(store: ObjectStore, spec: Pipeline,
     # Each producer's chunks are its own file's slices, in order.
     chunks = {c.seq: c for c in streams.read_stream(store, spec.stream, {})["0"].chunks}
     for p in range(2):
-        got = [r["_id"] for s in reports[p].chunks for r in chunk_data(store, chunks[s])]
+        got = [r["_id"] for s in reports[p].chunks for r in chunk_data(store, spec, chunks[s])]
         assert got == [f"p{p}-{i}" for i in range(n)]
     _check_segment_exactly_once(store, spec, "0", [f"p{p}-{i}" for p in range(2) for i in range(n)], n_chunks=16)
 
@@ -390,7 +389,7 @@ def test_every_bad_input_kind_is_a_dead_letter_at_its_position(store: ObjectStor
     for c in chunks:
         part = cases[c.seq * size : (c.seq + 1) * size]
         assert c.rows == sum(1 for x in part if not x[1]) and c.malformed == len(part) - c.rows
-        for r in chunk_data(store, c):
+        for r in chunk_data(store, spec, c):
             valid[(c.seq, r["_row"])] = r["_t"]
     assert valid == {(i // size, i % size): c[2] for i, c in enumerate(cases) if not c[1]}
 
@@ -400,7 +399,7 @@ def test_bom_is_not_a_record(store: ObjectStore, spec: Pipeline, tmp_path: Path)
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(event(0, T(spec, 5))).encode() + b"\r\n")
     rep = streams.produce(store, spec, p)
     assert (rep.events, rep.malformed) == (1, 0)
-    assert [r["_t"] for r in chunk_data(store, all_chunks(store, spec.stream)["0"][0])] == [T(spec, 5)]
+    assert [r["_t"] for r in chunk_data(store, spec, all_chunks(store, spec.stream)["0"][0])] == [T(spec, 5)]
 
 
 def test_parquet_input_good_and_bad_rows(store: ObjectStore, spec: Pipeline, tmp_path: Path) -> None:
@@ -421,7 +420,7 @@ def test_parquet_input_good_and_bad_rows(store: ObjectStore, spec: Pipeline, tmp
     rows = [
         (c.seq, r["_row"], r["_t"], r["_id"], r["f_amount"])
         for c in all_chunks(store, spec.stream)["pq"]
-        for r in chunk_data(store, c)
+        for r in chunk_data(store, spec, c)
     ]
     assert rows == [(0, 0, t0, "q0", 1.0), (0, 2, t0 + 2, "q2", None), (1, 1, t0 + 4, "q4", 5.5)]
 
@@ -439,7 +438,7 @@ def test_parquet_input_good_and_bad_rows(store: ObjectStore, spec: Pipeline, tmp
     assert (rep.events, rep.malformed) == (2, 0)
     got = [
         (r["_t"], r["_key"], r["_id"], r["f_amount"])
-        for r in chunk_data(store, all_chunks(store, spec.stream)["tz"][0])
+        for r in chunk_data(store, spec, all_chunks(store, spec.stream)["tz"][0])
     ]
     assert got == [(t0, "7", "70", 1.0), (t0 + 1, "8", "80", 2.0)]
 
@@ -467,7 +466,7 @@ def test_200k_events_produce_correctly(store: ObjectStore, spec: Pipeline, tmp_p
     amount_sum = 0.0
     for c in all_chunks(store, spec.stream)["0"]:
         assert c.data_key is not None
-        t = pq.read_table(io.BytesIO(store.get(c.data_key)))
+        t = read_chunk(store, spec, c)
         lo = c.seq * size
         times = [spec.start + (i * 37) % 3_600_000 for i in range(lo, lo + size) if i != bad_at]
         assert (c.min_t, c.max_t, c.rows) == (min(times), max(times), len(times))

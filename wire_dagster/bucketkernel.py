@@ -28,13 +28,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
-from .events import ID, KEY, ROW, TIME
+from .events import ERR, FILTERED, ID, KEY, ROW, SRC, TIME
 from .spec import Aggregate, Pipeline, WindowSpec, field_column
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
 SEG, SEQ = "_seg", "_seq"
 DUP = "_dup"  # set by Spark on the repeated ids of an epoch
-ERR = "_err"  # why the windows cannot process an event (null: they can), see `event_errors`
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
@@ -304,6 +303,14 @@ def event_errors(spec: Pipeline, events: pa.Table) -> pa.Array:
     return pa.array(why, pa.string())
 
 
+def error_reasons(spec: Pipeline, events: pa.Table) -> pa.Array:
+    """The dead-letter reason (`error: <why>`) of each event `event_errors` finds; null elsewhere."""
+    import pyarrow.compute as pc
+
+    why = event_errors(spec, events)
+    return pc.binary_join_element_wise(pa.scalar("error: "), why, "") if why.null_count < len(why) else why  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+
+
 def bucket_epoch(
     spec: Pipeline, events: pa.Table, side: pa.Table, w_prev: int, w_new: int, threads: int = 1
 ) -> dict[tuple[str, str], pa.Table]:
@@ -329,12 +336,18 @@ def bucket_epoch(
 
     out: dict[tuple[str, str], pa.Table] = {}
     if ERR not in events.column_names:
-        events = events.append_column(ERR, event_errors(spec, events))
+        events = events.append_column(ERR, error_reasons(spec, events))
     if events[ERR].null_count < events.num_rows:  # set aside before anything else, ids included
         failed = events[ERR].is_valid()
-        out[("error", "")] = events.filter(failed).select([SEG, SEQ, ROW, ERR])
+        aside = events.filter(failed)
+        filtered = pc.equal(aside[ERR], FILTERED)  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+        n_filtered = pc.sum(filtered).as_py() or 0  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+        if n_filtered:
+            out[("filtered", "")] = pa.table({"n": pa.array([n_filtered], pa.int64())})
+        if n_filtered < aside.num_rows:
+            out[("error", "")] = aside.filter(pc.invert(filtered)).select([SEG, SEQ, ROW, ERR])  # pyright: ignore[reportAttributeAccessIssue]  generated at import
         events = events.filter(pc.invert(failed))  # pyright: ignore[reportAttributeAccessIssue]  generated at import
-    events = events.drop_columns([ERR])
+    events = events.drop_columns([c for c in (ERR, SRC) if c in events.column_names])
     out[("n", "")] = pa.table({"n": pa.array([events.num_rows], pa.int64())})
     con = duckdb.connect(config={"threads": threads})
     try:

@@ -109,7 +109,12 @@ def _progress() -> Progress:
 
 @app.command()
 def produce(
-    pipeline: str = PIPELINE,
+    pipeline: str = typer.Option(
+        "", "--pipeline", "-p", help="Pipeline (name or YAML path): append to its stream, with its checks."
+    ),
+    stream: str = typer.Option(
+        "", "--stream", help="Stream to append to, with the stream's checks only (time and id): shared streams."
+    ),
     files: list[Path] = typer.Option(
         ..., "--file", "-f", help="JSONL or Parquet file of events; repeat for several files."
     ),
@@ -123,14 +128,18 @@ def produce(
         0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."
     ),
 ):
-    """Append the events of each FILE to the pipeline's stream as chunks.
+    """Append the events of each FILE to a stream as chunks: the pipeline's (--pipeline: records
+    its checks refuse are dead letters now) or a shared one (--stream: only the stream's time and
+    id are checked now; each pipeline that reads it checks the rest where it reads).
 
     Several files go in one command (one process): every file is checked before anything is
     appended, and different segments are appended side by side."""
     from .spec import check_name
     from .streams import produce_files
 
-    spec = _spec(pipeline)
+    if bool(pipeline) == bool(stream):
+        raise WireInputError("produce: give --pipeline P (its stream, its checks) or --stream S (a shared stream)")
+    spec = _spec(pipeline) if pipeline else None
     if len(segments) not in (1, len(files)):
         raise WireInputError(f"--segment: give one, or one per --file ({len(files)} files, {len(segments)} segments)")
     for seg in segments:
@@ -139,6 +148,7 @@ def produce(
         raise WireInputError("--chunk-rows: must be > 0")
     pairs = list(zip(files, segments if len(segments) == len(files) else segments * len(files), strict=True))
     store = _store()
+    spec = spec or _stream_spec(store, stream)
     with _progress() as prog:
         task = prog.add_task(
             f"produce {files[0].name}" + (f" + {len(files) - 1} files" if len(files) > 1 else ""), total=None
@@ -156,14 +166,44 @@ def produce(
         )
 
 
+def _stream_spec(store, stream: str):
+    """`--stream S`: its declared time and id (else those of the pipelines that read it, which
+    must agree), with the limits of its first reader in WIRE_PIPELINES."""
+    from .spec import readers_of, stream_spec
+    from .streams import stream_fields
+
+    readers = readers_of(stream, project_pipelines())
+    declared = stream_fields(store, stream)
+    if declared is None:
+        kinds = {(r.time_field, r.id_field) for r in readers}
+        if not kinds:
+            raise WireInputError(
+                f"--stream: stream {stream!r} is new and no pipeline in {str(project_pipelines())!r} reads it, "
+                "so its time field is unknown; produce with --pipeline P once, or add a pipeline that reads it"
+            )
+        if len(kinds) > 1:
+            raise WireInputError(
+                f"--stream: the pipelines reading {stream!r} disagree on its time and id fields "
+                f"({sorted(kinds, key=str)}); a stream has one of each"
+            )
+        declared = kinds.pop()
+    return stream_spec(stream, declared[0], declared[1], readers[0] if readers else None)
+
+
 @app.command()
-def close(pipeline: str = PIPELINE):
-    """Seal every segment of the pipeline's stream (bounded data is a stream that closes)."""
+def close(
+    pipeline: str = typer.Option("", "--pipeline", "-p", help="Pipeline (name or YAML path) whose stream to close."),
+    stream: str = typer.Option("", "--stream", help="Stream to close (shared by the pipelines that read it)."),
+):
+    """Seal every segment of a stream (bounded data is a stream that closes)."""
+    from .spec import check_name
     from .streams import close_stream
 
-    spec = _spec(pipeline)
-    sealed = close_stream(_store(), spec)
-    out.print(f"sealed {len(sealed)} segments of {spec.stream}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
+    if bool(pipeline) == bool(stream):
+        raise WireInputError("close: give --pipeline P (its stream) or --stream S")
+    name = _spec(pipeline).stream if pipeline else check_name(stream, "--stream")
+    sealed = close_stream(_store(), name)
+    out.print(f"sealed {len(sealed)} segments of {name}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
 
 
 @app.command()

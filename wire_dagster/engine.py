@@ -36,7 +36,7 @@ from .parquetio import parquet_bytes
 from .results import read_file
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import ChunkMeta, read_stream
+from .streams import ChunkMeta, check_stream, read_stream
 from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
@@ -114,6 +114,7 @@ def process(
     the call fails half-way, the next one's self-correction publishes what is committed).
     """
     keep_epochs = settings.keep_epochs(spec, keep_epochs)
+    check_stream(store, spec)
     cp = Checkpoints(store, spec.name)
     prev = cp.latest()
     out = Outcome(manifest=prev)
@@ -354,9 +355,10 @@ def _commit_epoch(
     # produce's `malformed:` and the kernel's `error:` letters
     malformed = sum(c.malformed for c in chunks) + res.errors
     counts = Counts(
-        events_in=res.events + malformed,
+        events_in=res.events + malformed + res.filtered,
         malformed=malformed,
         duplicate=res.duplicate,
+        filtered=res.filtered,
         counted={w: r.counted for w, r in res.windows.items()},
         late={w: r.late for w, r in res.windows.items()},
     )

@@ -54,7 +54,7 @@ def _split_lines(data: bytes) -> pa.LargeBinaryArray:
     )
 
 
-def _json_path(field: str) -> str:
+def json_path(field: str) -> str:
     return "$." + ".".join('"' + part.replace('"', "") + '"' for part in field.split("."))
 
 
@@ -132,20 +132,23 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
         (f"t < {lo} OR t > {hi}", _sql_str(f"time out of range in {tf}")),
     ]
     cols = []
-    for role, f in (("key", spec.key_field), ("id", spec.id_field)):
+    for role, fs in (("key", spec.key_fields), ("id", (spec.id_field,) if spec.id_field else ())):
         out_col = KEY if role == "key" else ID
-        if not f:
+        if not fs:
             cols.append(f"CAST(NULL AS VARCHAR) AS {out_col}")
             continue
-        i = col(f)
-        checks += [
-            (f"y{i} IS NULL OR y{i} = 'NULL'", _sql_str(f"missing {role} field {f}")),
-            (
-                f"y{i} NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
-                _sql_str(f"{role} field {f} has wrong type (want string or integer)"),
-            ),
-        ]
-        cols.append(f"v{i} AS {out_col}")
+        for f in fs:
+            i = col(f)
+            checks += [
+                (f"y{i} IS NULL OR y{i} = 'NULL'", _sql_str(f"missing {role} field {f}")),
+                (
+                    f"y{i} NOT IN ('VARCHAR', 'BIGINT', 'UBIGINT')",
+                    _sql_str(f"{role} field {f} has wrong type (want string or integer)"),
+                ),
+            ]
+        # A composite key is the JSON array of its fields' texts: `["1007","web"]`.
+        value = f"v{col(fs[0])}" if len(fs) == 1 else "to_json([" + ", ".join(f"v{col(f)}" for f in fs) + "])"
+        cols.append(f"CAST({value} AS VARCHAR) AS {out_col}")
 
     def beyond(f: str, i: int) -> str:
         """Integer field `f` (JSON type y<i>) is beyond ±MAX_EXACT (exactly: as HUGEINT, not as a double)."""
@@ -201,7 +204,7 @@ def _normalize_sql(spec: Pipeline, max_bytes: int, lo: int, hi: int, typed: pa.S
     )"""
     if typed is not None:
         return _typed_sql(typed, fields, max_bytes, tail, cols, reason)
-    paths = "[" + ", ".join(_sql_str(_json_path(f)) for f in fields) + "]"
+    paths = "[" + ", ".join(_sql_str(json_path(f)) for f in fields) + "]"
     typed_vals = ", ".join(
         f"json_type(x[{i}]) AS y{i}, json_extract_string(x[{i}], '$') AS v{i}" for i in range(1, len(fields) + 1)
     )
@@ -261,7 +264,7 @@ def typed_columns(spec: Pipeline, schema: pa.Schema) -> bool:
         return False
     used = [
         spec.time_field,
-        spec.key_field,
+        *spec.key_fields,
         spec.id_field,
         *spec.numeric_fields,
         *spec.distinct_fields,
@@ -392,8 +395,8 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
     import pyarrow.compute as pc
 
     names = table.schema.names
-    if any(f not in names for f in (spec.time_field, spec.key_field, spec.id_field) if f):
-        return None
+    if len(spec.key_fields) > 1 or any(f not in names for f in (spec.time_field, spec.key_field, spec.id_field) if f):
+        return None  # a composite key's text is made by the SQL
     bound, strings = _json_bound(table.schema)
     for c in (table.column(k) for k in strings):  # each column at its longest row
         longest = pc.max(pc.binary_length(c)).as_py()  # pyright: ignore[reportAttributeAccessIssue]  generated at import

@@ -40,20 +40,20 @@ import pyarrow as pa
 from .aggregates import output_ddl, partial_columns, state_ddl
 from .bucketkernel import (
     DUP,
-    ERR,
     IDS_SCHEMA,
     IDS_W,
     PACKED_DDL,
     SEG,
     SEQ,
     bucket_epoch,
-    event_errors,
+    error_reasons,
     pack,
     side_column,
     side_table,
     unpack,
 )
-from .events import ID, KEY, ROW, TIME, chunk_schema
+from .events import ERR, ID, KEY, RECORDS, ROW, SRC, TIME, chunk_schema
+from .extract import pipeline_events, read_schema
 from .spec import Pipeline, WindowSpec, field_column
 from .streams import ChunkMeta
 
@@ -102,71 +102,94 @@ def read_parquet_keys(
     keys: list[tuple],
     schema: pa.Schema,
     extra: list[tuple[str, pa.DataType]],
-    errors_of: Pipeline | None = None,
 ):
     """A DataFrame of the Parquet objects `keys` (tuples of key + extra column values),
-    read in parallel on the executors with pyarrow's S3 filesystem; for chunks of pipeline
-    `errors_of`, with its `event_errors` as column `_err`."""
+    read in parallel on the executors with pyarrow's S3 filesystem."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     out_schema = pa.schema(list(schema) + [pa.field(n, t) for n, t in extra])
-    if errors_of is not None:
-        out_schema = out_schema.append(pa.field(ERR, pa.string()))
 
     def read(batches):
         fs = _fs(fs_options)
         for b in batches:
             for row in b.to_pylist():
                 t = _read_key(fs, bucket, row["k"], schema, [(n, typ, row[n]) for n, typ in extra])
-                if errors_of is not None:
-                    t = t.append_column(ERR, event_errors(errors_of, t))
                 yield from t.select(out_schema.names).cast(out_schema).to_batches(max_chunksize=65536)
 
-    key_schema = "k STRING" + "".join(f", {n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in extra)
-    kdf = spark.createDataFrame([tuple(k) for k in keys], key_schema) if keys else spark.createDataFrame([], key_schema)
+    return _keys_frame(spark, keys, [("k", pa.string()), *extra]).mapInArrow(read, from_arrow_schema(out_schema))
+
+
+def _keys_frame(spark, keys: list[tuple], columns: list[tuple[str, pa.DataType]]):
+    """A DataFrame of `keys` rows (the objects to read), spread over the session's parallelism."""
+    ddl = ", ".join(f"{n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in columns)
+    kdf = spark.createDataFrame([tuple(k) for k in keys], ddl) if keys else spark.createDataFrame([], ddl)
     parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
-    spark_schema = from_arrow_schema(out_schema)
-    return kdf.repartition(parts).mapInArrow(read, spark_schema)
+    return kdf.repartition(parts)
 
 
 @dataclass(frozen=True)
 class Chunks:
-    """An epoch's chunks in the store, read by the executors (never by the driver)."""
+    """An epoch's chunks in the store, read by the executors (never by the driver) as the
+    pipeline's events (`extract.read_schema`: its event columns, ERR and SRC) with their
+    segment and sequence (SEG, SEQ)."""
 
     fs_options: dict = field(repr=False)  # carries the store's credentials: never printed
     bucket: str
-    keys: tuple[tuple[str, str, int], ...]  # (data key, segment, sequence) of each chunk with events
-    schema: pa.Schema  # the pipeline's chunk schema
+    # (data key, segment, sequence, ingestion time, format) of each chunk with records
+    keys: tuple[tuple[str, str, int, int, int], ...]
+    spec: Pipeline  # the pipeline reading them
 
     @property
-    def extra(self) -> list[tuple[str, pa.DataType]]:
-        return [(SEG, pa.string()), (SEQ, pa.int64())]
+    def schema(self) -> pa.Schema:
+        return read_schema(self.spec).append(pa.field(SEG, pa.string())).append(pa.field(SEQ, pa.int64()))
 
-    def frame(self, spark, errors_of: Pipeline | None = None):
-        """The events as a DataFrame, the chunks read in parallel (with `_err`: `read_parquet_keys`)."""
-        return read_parquet_keys(
-            spark, self.fs_options, self.bucket, list(self.keys), self.schema, self.extra, errors_of
-        )
+    def read(self, fs, key: str, seg: str, seq: int, ingest_ms: int, fmt: int) -> pa.Table:
+        """One chunk as the pipeline's events: a RECORDS chunk's records through `extract`; an
+        EVENTS chunk's events as stored, with the reasons `event_errors` finds."""
+        if fmt == RECORDS:
+            t = pipeline_events(self.spec, _read_key(fs, self.bucket, key, None, []), ingest_ms)
+        else:
+            t = _read_key(fs, self.bucket, key, chunk_schema(self.spec), [])
+            t = t.append_column(ERR, error_reasons(self.spec, t)).append_column(SRC, pa.nulls(t.num_rows, pa.string()))
+        t = t.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), t.num_rows))
+        t = t.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), t.num_rows))
+        return t.select(self.schema.names).cast(self.schema)
+
+    def frame(self, spark):
+        """The events as a DataFrame, the chunks read in parallel on the executors."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        opts, me = self.fs_options, self
+
+        def read(batches):
+            fs = _fs(opts)
+            for b in batches:
+                for r in b.to_pylist():
+                    t = me.read(fs, r["k"], r["seg"], r["seq"], r["ingest"], r["fmt"])
+                    yield from t.to_batches(max_chunksize=65536)
+
+        cols = [
+            ("k", pa.string()),
+            ("seg", pa.string()),
+            ("seq", pa.int64()),
+            ("ingest", pa.int64()),
+            ("fmt", pa.int64()),
+        ]
+        return _keys_frame(spark, list(self.keys), cols).mapInArrow(read, from_arrow_schema(self.schema))
 
     def table(self, pool=None) -> pa.Table:
         """The events as one Arrow table, read here (in the task that holds the whole epoch),
         the chunks side by side when a thread `pool` is given (each read waits on the store)."""
         fs = _fs(self.fs_options)
-        out = pa.schema(list(self.schema) + [pa.field(n, t) for n, t in self.extra])
-
-        def read(k: str, seg: str, seq: int) -> pa.Table:
-            return _read_key(
-                fs, self.bucket, k, self.schema, [(n, t, v) for (n, t), v in zip(self.extra, (seg, seq), strict=True)]
-            )
-
-        parts = list(pool.map(lambda c: read(*c), self.keys)) if pool else [read(*c) for c in self.keys]
-        return pa.concat_tables([t.select(out.names).cast(out) for t in parts]) if parts else out.empty_table()
+        parts = (
+            list(pool.map(lambda c: self.read(fs, *c), self.keys)) if pool else [self.read(fs, *c) for c in self.keys]
+        )
+        return pa.concat_tables(parts) if parts else self.schema.empty_table()
 
 
 def epoch_chunks(fs_options: dict, bucket: str, spec: Pipeline, chunks: list[ChunkMeta]) -> Chunks:
-    return Chunks(
-        fs_options, bucket, tuple((c.data_key, c.segment, c.seq) for c in chunks if c.data_key), chunk_schema(spec)
-    )
+    keys = tuple((c.data_key, c.segment, c.seq, c.ingest_ms, c.format) for c in chunks if c.data_key)
+    return Chunks(fs_options, bucket, keys, spec)
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +210,8 @@ class EpochResult:
     ids: pa.Table | None  # id memory after the epoch: (id, expires)
     events: int  # events the windows saw: counted + late + duplicate, per window
     duplicate: int
-    errors: int = 0  # events set aside as `error: <why>` dead letters (not in `events`)
+    errors: int = 0  # records set aside as `error: <why>` or `malformed: <why>` dead letters (not in `events`)
+    filtered: int = 0  # records the pipeline's `where` filtered out (not in `events`)
     extra: dict = field(default_factory=dict)
 
 
@@ -209,12 +233,12 @@ IDS_DDL = "id STRING, expires BIGINT, key STRING, t BIGINT"
 
 
 def _event_json(F, spec: Pipeline):
-    """The event as the pipeline sees it, for dead letters."""
+    """The event as the pipeline sees it, for dead letters (a composite key as `key`)."""
     # One entry per field name: a field can be both the key (or id) and an aggregate's field,
     # e.g. count_distinct(user) keyed by user, and Spark refuses duplicate map keys.
     pairs = {spec.time_field: F.col(TIME).cast("string")}
-    if spec.key_field:
-        pairs.setdefault(spec.key_field, F.col(KEY))
+    if spec.key_fields:
+        pairs.setdefault(spec.key_field or "key", F.col(KEY))
     if spec.id_field:
         pairs.setdefault(spec.id_field, F.col(ID))
     for f in sorted(set(spec.numeric_fields) | set(spec.distinct_fields) | set(spec.gap_fields)):
@@ -227,7 +251,7 @@ def _dead(F, df, spec: Pipeline):
     return df.select(
         F.col("reason"),
         F.col("window"),
-        _event_json(F, spec).alias("event"),
+        F.coalesce(F.col(SRC), _event_json(F, spec)).alias("event"),
         F.col(TIME).alias("event_time"),
         F.col(SEG).alias("segment"),
         F.col(SEQ).alias("chunk"),
@@ -342,12 +366,16 @@ def run_epochs(
 
 
 def _frame_of(spark, events: Chunks | pa.Table, errors_of: Pipeline | None = None):
-    """The events as a DataFrame; with `_err` (`event_errors`) for pipeline `errors_of`."""
+    """The events as a DataFrame with SRC; with ERR (`error_reasons`) for pipeline `errors_of`
+    (chunks always have both)."""
     if isinstance(events, Chunks):
-        return events.frame(spark, errors_of)
-    if errors_of is not None:
-        events = events.append_column(ERR, event_errors(errors_of, events))
-    return spark.createDataFrame(events)
+        return events.frame(spark)
+    t: pa.Table = events
+    if errors_of is not None and ERR not in t.column_names:
+        t = t.append_column(ERR, error_reasons(errors_of, t))
+    if SRC not in t.column_names:
+        t = t.append_column(SRC, pa.nulls(t.num_rows, pa.string()))
+    return spark.createDataFrame(t)
 
 
 def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, int]], state, ids):
@@ -410,7 +438,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
     bucket; each bucket's windows are computed by DuckDB in one Python worker."""
     from pyspark.sql import Window as SW
 
-    ev = events_df
+    ev = events_df.drop(SRC)  # a dead letter's text is read again for the dead letters only
     seen = None
     if spec.id_field:
         # A repeated id is a duplicate wherever it lands: flagged over the whole epoch (by id,
@@ -443,7 +471,6 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
 
 def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -> EpochResult:
     """The tables every bucket (or the one task) returned, as the epoch's result."""
-    import pyarrow.compute as pc
 
     def gathered(kind: str, w: str, schema: pa.Schema) -> pa.Table:
         ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, w), [])]
@@ -453,9 +480,10 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
     pos = pa.schema([(SEG, pa.string()), (SEQ, pa.int64()), (ROW, pa.int64())])
     dup = gathered("dup", "", pos)
     err = gathered("error", "", pos.append(pa.field(ERR, pa.string())))
+    filtered = sum(t["n"][0].as_py() for t in tables.get(("filtered", ""), []))
     dead = [_with_reason(dup, "duplicate", None)] if dup.num_rows else []
     if err.num_rows:
-        why = pc.binary_join_element_wise(pa.scalar("error: "), err[ERR], "")  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+        why = err[ERR]  # the whole reason: `error: ...` or `malformed: ...`
         no_window = pa.nulls(err.num_rows, pa.string())
         dead.append(err.select(pos.names).append_column("reason", why).append_column("window", no_window))
     results, late_by = {}, {}
@@ -479,7 +507,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
         name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()
     }
     ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
-    return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows)
+    return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows, filtered=filtered)
 
 
 def _with_reason(positions: pa.Table, reason: str, window: str | None) -> pa.Table:

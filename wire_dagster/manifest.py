@@ -40,11 +40,12 @@ class SegmentRecord(BaseModel):
 
 
 class Counts(BaseModel):
-    """Conservation, per window: in == counted + late + duplicate + malformed."""
+    """Conservation, per window: in == counted + late + duplicate + malformed + filtered."""
 
-    events_in: int = 0  # records read: valid events + malformed
+    events_in: int = 0  # records read: valid events + malformed + filtered
     malformed: int = 0
     duplicate: int = 0
+    filtered: int = 0  # records the pipeline's `where` is not true for
     counted: dict[str, int] = {}
     late: dict[str, int] = {}
 
@@ -54,13 +55,15 @@ class Counts(BaseModel):
             events_in=self.events_in + other.events_in,
             malformed=self.malformed + other.malformed,
             duplicate=self.duplicate + other.duplicate,
+            filtered=self.filtered + other.filtered,
             counted={k: self.counted.get(k, 0) + other.counted.get(k, 0) for k in sorted(keys)},
             late={k: self.late.get(k, 0) + other.late.get(k, 0) for k in sorted(keys)},
         )
 
     def balanced(self) -> bool:
         return all(
-            self.events_in == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed
+            self.events_in
+            == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed + self.filtered
             for w in self.counted
         )
 

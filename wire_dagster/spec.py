@@ -16,12 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import WireInputError
+from .sqlexpr import expression_columns
 from .timeutil import parse_duration, parse_iso
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 AGG_RE = re.compile(r"^\s*(count|sum|min|max|avg|count_distinct)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\))?\s*$")
 AGG_FUNCS = ("count", "sum", "min", "max", "avg", "count_distinct")
 FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+NAME_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a derived field: top level, no dots
 
 
 def check_name(value: str, what: str) -> str:
@@ -85,7 +87,7 @@ class Pipeline(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
     stream: str
-    key_field: str | None
+    key_fields: tuple[str, ...]  # the key: one field, several (a composite key), or none
     time_field: str
     id_field: str | None
     max_out_of_orderness: int
@@ -101,8 +103,24 @@ class Pipeline(BaseModel):
     max_chunks_per_epoch: int
     max_record_bytes: int
     windows: tuple[WindowSpec, ...]
+    where: str | None = None  # a SQL boolean over the record: the records it is not true for are filtered out
+    fields: tuple[tuple[str, str], ...] = ()  # derived fields: (name, SQL expression over the record)
     orchestration: Orchestration = Orchestration()
     source: str | None = None  # the file it came from (not part of the fingerprint)
+
+    @property
+    def key_field(self) -> str | None:
+        """The key's one field (None without a key; a composite key: `key_fields`)."""
+        return self.key_fields[0] if len(self.key_fields) == 1 else None
+
+    def stream_level(self) -> Pipeline:
+        """What every reader of the pipeline's stream shares, as a pipeline: its time and id, and
+        the producer's limits. `wire produce` checks records against this only (a record is in the
+        stream, or a dead letter of it, for every pipeline alike); the key, filter, fields and the
+        value checks of the windows' fields are each pipeline's own, applied where it reads."""
+        return self.model_copy(
+            update={"key_fields": (), "windows": (), "where": None, "fields": (), "start": 0, "end": None}
+        )
 
     def window(self, name: str) -> WindowSpec:
         for w in self.windows:
@@ -130,8 +148,16 @@ class Pipeline(BaseModel):
         return max(w.extent for w in self.windows)
 
     def fingerprint(self) -> str:
-        """Hash of everything that decides results (not of where the file lives)."""
-        body = self.model_dump(exclude={"source", "orchestration"})
+        """Hash of everything that decides results (not of where the file lives). A pipeline of
+        one key field and no filter or derived field hashes as it did before those existed."""
+        body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields"})
+        body["key_field"] = self.key_field
+        if len(self.key_fields) > 1:
+            body["key_fields"] = list(self.key_fields)
+        if self.where is not None:
+            body["where"] = self.where
+        if self.fields:
+            body["fields"] = [list(f) for f in self.fields]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -223,6 +249,8 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         "name",
         "stream",
         "event",
+        "inputs",
+        "fields",
         "watermark",
         "lateness",
         "partition",
@@ -236,13 +264,14 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if extra:
         raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
     name = check_name(_req(raw, "name", "pipeline"), "name")
-    stream = check_name(raw.get("stream") or name, "stream")
-    event = _req(raw, "event", "pipeline")
-    if not isinstance(event, dict):
-        raise WireInputError("event: expected a mapping with time (and key, id)")
-    time_field = _field(_req(event, "time", "event"), "event.time")
-    key_field = _field(event["key"], "event.key") if event.get("key") else None
-    id_field = _field(event["id"], "event.id") if event.get("id") else None
+    stream, event, where_at = _input(raw, name)
+    time_field = _field(_req(event, "time", where_at), f"{where_at}.time")
+    key_fields = _key(event.get("key"), f"{where_at}.key")
+    id_field = _field(event["id"], f"{where_at}.id") if event.get("id") else None
+    where = event.get("where")
+    if where is not None:
+        expression_columns(where, f"{where_at}.where")
+    fields = _derived(raw.get("fields"))
     wm = raw.get("watermark") or {}
     if not isinstance(wm, dict):
         raise WireInputError("watermark: expected a mapping (max_out_of_orderness, idle_timeout)")
@@ -302,7 +331,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         return Pipeline(
             name=name,
             stream=stream,
-            key_field=key_field,
+            key_fields=key_fields,
             time_field=time_field,
             id_field=id_field,
             max_out_of_orderness=parse_duration(wm.get("max_out_of_orderness", 0), "watermark.max_out_of_orderness"),
@@ -318,12 +347,86 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             max_chunks_per_epoch=_posint("max_chunks_per_epoch", 1_000),
             max_record_bytes=_posint("max_record_bytes", 1_048_576),
             windows=windows,
+            where=where,
+            fields=fields,
             orchestration=orch,
             source=source,
         )
     except ValidationError as e:  # defensive: our checks above should catch everything first
         first = e.errors()[0]
         raise WireInputError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+_INPUT_KEYS = {"name", "stream", "time", "id", "key", "where", "pipeline", "output"}
+
+
+def _input(raw: dict, name: str) -> tuple[str, dict, str]:
+    """The pipeline's raw input: (stream, its time/id/key/where mapping, where in the file), from
+    `stream` + `event` or from `inputs:` (DESIGN §4, dataflow forms)."""
+    if "inputs" not in raw:
+        stream = check_name(raw.get("stream") or name, "stream")
+        event = _req(raw, "event", "pipeline")
+        if not isinstance(event, dict):
+            raise WireInputError("event: expected a mapping with time (and key, id, where)")
+        extra = set(event) - {"time", "key", "id", "where"}
+        if extra:
+            raise WireInputError(f"event: unknown key(s) {sorted(extra)}; allowed: ['id', 'key', 'time', 'where']")
+        return stream, event, "event"
+    if "stream" in raw or "event" in raw:
+        raise WireInputError("pipeline: give either inputs or stream + event, not both")
+    inputs = raw["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise WireInputError("inputs: expected a list of inputs, each a mapping with name and stream")
+    if len(inputs) > 1:
+        raise WireInputError(
+            f"inputs: {len(inputs)} inputs; this version of Wire reads one input per pipeline "
+            "(several inputs, unions and joins are not built yet)"
+        )
+    inp = inputs[0]
+    if not isinstance(inp, dict):
+        raise WireInputError("inputs[0]: expected a mapping with name, stream, time, key")
+    extra = set(inp) - _INPUT_KEYS
+    if extra:
+        raise WireInputError(f"inputs[0]: unknown key(s) {sorted(extra)}; allowed: {sorted(_INPUT_KEYS)}")
+    if "pipeline" in inp or "output" in inp:
+        raise WireInputError(
+            "inputs[0].pipeline: derived streams (another pipeline's output) are not built yet; "
+            "read a raw stream with `stream:`"
+        )
+    label = check_name(_req(inp, "name", "inputs[0]"), "inputs[0].name")
+    stream = check_name(inp.get("stream") or label, f"inputs.{label}.stream")
+    return stream, inp, f"inputs.{label}"
+
+
+def _key(value: object, where: str) -> tuple[str, ...]:
+    """A key: one field, or a list of fields (a composite key); none without one."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, list):
+        if not value:
+            raise WireInputError(f"{where}: an empty list; name one field or several, e.g. [auction, channel]")
+        fields = tuple(_field(v, where) for v in value)
+        if len(set(fields)) != len(fields):
+            raise WireInputError(f"{where}: a field is listed twice in {list(fields)}")
+        return fields
+    return (_field(value, where),)
+
+
+def _derived(raw: object) -> tuple[tuple[str, str], ...]:
+    """`fields:` a mapping of new field names to SQL expressions over the record."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw:
+        raise WireInputError("fields: expected a mapping of field names to SQL expressions, e.g. {usd: price * 0.9}")
+    out = []
+    for fname, expr in raw.items():
+        if not isinstance(fname, str) or not NAME_FIELD_RE.match(fname):
+            raise WireInputError(f"fields: bad field name {fname!r}; use a name like price_usd")
+        if isinstance(expr, (int, float)) and not isinstance(expr, bool):
+            expr = str(expr)
+        expression_columns(expr, f"fields.{fname}")
+        out.append((fname, expr))
+    return tuple(out)
 
 
 def _orchestration(raw: object) -> Orchestration:
@@ -416,6 +519,37 @@ def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
             f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES"
         )
     return _unique(found)[0]
+
+
+def readers_of(stream: str, directory: Path | None = None) -> list[Pipeline]:
+    """The pipelines in `directory` (WIRE_PIPELINES) that read `stream` (a file there that does
+    not load is passed over, as `find_pipeline` does)."""
+    check_name(stream, "--stream")
+    found = []
+    for cand in _pipeline_files(directory or pipelines_dir()):
+        try:
+            spec = load_pipeline(cand)
+        except WireInputError:
+            continue
+        if spec.stream == stream:
+            found.append(spec)
+    return found
+
+
+def stream_spec(stream: str, time_field: str, id_field: str | None, like: Pipeline | None = None) -> Pipeline:
+    """What `wire produce --stream` checks records against: the stream's time and id, and the
+    producer's limits of pipeline `like` (a reader of the stream) or the defaults."""
+    if like is None:
+        like = pipeline_from_dict(
+            {
+                "name": stream,
+                "stream": stream,
+                "event": {"time": time_field, "id": id_field},
+                "partition": "1m",
+                "windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}],
+            }
+        )
+    return like.stream_level().model_copy(update={"stream": stream, "time_field": time_field, "id_field": id_field})
 
 
 def load_all(path: Path) -> list[Pipeline]:

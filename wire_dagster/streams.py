@@ -7,14 +7,19 @@ Layout under the bucket::
     streams/<stream>/segments/<segment>/data/<uuid>.dlq.parquet # malformed records of the chunk
     streams/<stream>/segments/<segment>/_SEALED                 # last sequence of a sealed segment
     streams/<stream>/_CLOSED                                    # the stream is closed: no new segment
+    streams/<stream>/_STREAM.json                               # its time and id fields (first produce)
 
 A chunk exists once its index object exists: data and dead letters are written
 first under unique keys, then the index is created with create-if-absent, so two
 producers never overwrite each other (the loser retries on the next sequence)
 and a crash leaves at most an unreferenced data file, never a half-chunk.
 
+A stream is shared (DESIGN §6): its chunks hold each record once, whole (events.RECORDS), with
+the event time and id the stream declares once (`declare_stream`); every pipeline that reads it
+makes its own events where it reads (extract.py).
+
 This module is the stream's layout, claiming and reading; what a chunk holds is events.py,
-how input records become events or dead letters is ingest.py.
+how input records are checked is ingest.py.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ObjectExists, ObjectNotFound, WireInputError
-from .events import ID, TIME
+from .events import EVENTS, ID, RAW, REC, RECORDS, ROW, TIME
 from .ingest import InputFile, open_input
 from .objectstore import ObjectStore
 from .parquetio import parquet_bytes
@@ -68,6 +73,7 @@ class ChunkMeta:
     max_t: int | None
     ingest_ms: int
     bytes: int
+    format: int = EVENTS  # events.RECORDS for chunks of shared streams; EVENTS: one pipeline's events
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -123,6 +129,49 @@ def _closed_error(stream: str, during: bool = False) -> WireInputError:
     )
 
 
+def declaration_key(stream: str) -> str:
+    return f"{stream_prefix(stream)}_STREAM.json"
+
+
+def _declared(store: ObjectStore, stream: str) -> dict | None:
+    try:
+        return json.loads(store.get(declaration_key(stream)))
+    except ObjectNotFound:
+        return None
+
+
+def _mismatch(spec: Pipeline, decl: dict) -> WireInputError:
+    return WireInputError(
+        f"pipeline {spec.name!r} reads stream {spec.stream!r} with time field {spec.time_field!r} and id "
+        f"{spec.id_field!r}, but the stream's records have time field {decl.get('time')!r} and id "
+        f"{decl.get('id')!r} (declared by its first produce); use the stream's own, or another stream"
+    )
+
+
+def declare_stream(store: ObjectStore, spec: Pipeline) -> None:
+    """Declare the stream's time and id fields as `spec`'s (create-if-absent: the first producer
+    declares them, for every reader); a pipeline with other ones is refused."""
+    body = {"time": spec.time_field, "id": spec.id_field, "declared_ms": now_ms()}
+    try:
+        store.create_if_absent(declaration_key(spec.stream), json.dumps(body).encode())
+    except ObjectExists:
+        check_stream(store, spec)
+
+
+def check_stream(store: ObjectStore, spec: Pipeline) -> None:
+    """Refuse (one line naming both) a pipeline that reads its stream with another time or id
+    field than the stream declares; a stream not yet declared accepts any."""
+    decl = _declared(store, spec.stream)
+    if decl is not None and (decl.get("time"), decl.get("id")) != (spec.time_field, spec.id_field):
+        raise _mismatch(spec, decl)
+
+
+def stream_fields(store: ObjectStore, stream: str) -> tuple[str, str | None] | None:
+    """The (time, id) fields a stream declares; None for a stream not produced to yet."""
+    decl = _declared(store, stream)
+    return None if decl is None else (decl["time"], decl.get("id"))
+
+
 def is_closed(store: ObjectStore, stream: str) -> bool:
     """Whether `wire close` closed the stream (its `_CLOSED` marker; a stream closed by a Wire
     without the marker has only its seals, which refuse its existing segments)."""
@@ -166,6 +215,7 @@ def append_chunk(
         dlq_key = f"{seg_prefix}data/{uid}.dlq.parquet"
         size += _write_parquet(store, dlq_key, dlq)
     mm = pc.min_max(good[TIME]) if good.num_rows else None  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+    fmt = RECORDS if (RAW in good.column_names or REC in good.column_names) else EVENTS
     seq = seq_hint if seq_hint is not None else last_seq(store, spec.stream, segment) + 1
     while True:
         meta = ChunkMeta(
@@ -180,6 +230,7 @@ def append_chunk(
             max_t=mm["max"].as_py() if mm else None,
             ingest_ms=now_ms(),
             bytes=size,
+            format=fmt,
         )
         try:
             store.create_if_absent(index_key(spec.stream, segment, seq), json.dumps(meta.to_json()).encode())
@@ -212,7 +263,9 @@ def produce(
     before anything is written.
     """
     check_name(segment, "--segment")
-    return _append_input(store, spec, open_input(Path(path)), segment, chunk_rows, progress)
+    inp = open_input(Path(path))
+    declare_stream(store, spec)
+    return _append_input(store, spec, inp, segment, chunk_rows, progress)
 
 
 def produce_files(
@@ -231,6 +284,7 @@ def produce_files(
     for _, seg in files:
         check_name(seg, "--segment")
     inputs = [open_input(Path(p)) for p, _ in files]
+    declare_stream(store, spec)
     total = sum(i.rows for i in inputs)
     done = [0] * len(files)
     lock = threading.Lock()
@@ -282,7 +336,11 @@ def _append_input(
     with ThreadPoolExecutor(max_workers=1) as uploader:
         in_flight = None
         for lo in range(0, inp.rows, n):
-            good, dlq = inp.normalize(spec, lo, min(lo + n, inp.rows), ingest)  # rows relative to the chunk
+            hi = min(lo + n, inp.rows)
+            # The records that pass `spec`'s checks (a pipeline's: `wire produce --pipeline`; a stream's
+            # own, time and id only: `--stream`), kept whole for every reader; rows relative to the chunk.
+            good, dlq = inp.normalize(spec, lo, hi, ingest)
+            good = records_chunk(inp, good, lo, hi)
             if in_flight is not None:
                 done(in_flight.result())
             hint = metas[-1].seq + 1 if metas else None
@@ -294,17 +352,30 @@ def _append_input(
     )
 
 
-def close_stream(store: ObjectStore, spec: Pipeline) -> dict[str, int]:
-    """Close the stream: its `_CLOSED` marker first (from then on no producer starts a segment),
-    then seal every segment: no more chunks. Idempotent: a sealed segment keeps its seal."""
+def records_chunk(inp: InputFile, good: pa.Table, lo: int, hi: int) -> pa.Table:
+    """A RECORDS chunk (events.py) of input records `[lo, hi)` that passed the stream's checks
+    (`good`: their time, id and row): each record as given, a JSON line or its Parquet columns."""
+    at = good[ROW].combine_chunks()
+    cols = {TIME: good[TIME], ID: good[ID], ROW: good[ROW]}
+    if inp.table is not None:
+        t = inp.table(lo, hi).take(at)
+        arrays = [c.combine_chunks() for c in t.columns]
+        cols[REC] = pa.StructArray.from_arrays(arrays, fields=list(t.schema))
+    else:
+        cols[RAW] = inp.lines(lo, hi).take(at)
+    return pa.table(cols)
+
+
+def close_stream(store: ObjectStore, stream: Pipeline | str) -> dict[str, int]:
+    """Close a stream (a pipeline's, or one named): its `_CLOSED` marker first (from then on no
+    producer starts a segment), then seal every segment: no more chunks. Idempotent: a sealed
+    segment keeps its seal."""
+    name = stream if isinstance(stream, str) else stream.stream
     try:
-        store.create_if_absent(closed_key(spec.stream), json.dumps({"closed_ms": now_ms()}).encode())
+        store.create_if_absent(closed_key(name), json.dumps({"closed_ms": now_ms()}).encode())
     except ObjectExists:
         pass  # closed before: the seals below are idempotent too
-    return {
-        seg: seal_segment(store, spec.stream, seg, last_seq(store, spec.stream, seg))
-        for seg in list_segments(store, spec.stream)
-    }
+    return {seg: seal_segment(store, name, seg, last_seq(store, name, seg)) for seg in list_segments(store, name)}
 
 
 def seal_segment(store: ObjectStore, stream: str, segment: str, last: int) -> int:

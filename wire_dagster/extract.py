@@ -1,0 +1,217 @@
+"""What a pipeline reads of a shared stream (DESIGN §6 Inputs): its events, from the records.
+
+A stream holds each record once, whole (events.py's RECORDS chunks); every pipeline that reads
+it makes its own events from them where it reads (on the executors, chunk by chunk):
+
+1. derived fields (`fields:`) and the filter (`where:`), SQL expressions over the record,
+   vectorised by DuckDB (`_prepare`); a record the filter is not true for is *filtered*: no
+   event, no dead letter, counted apart so that the counts still balance;
+2. the pipeline's checks and columns — its key (one field or several), id, time range, and the
+   value domain of the fields its windows aggregate — by the same SQL that validated records
+   at produce before streams were shared (ingest.py): the same values and reasons, whichever the
+   record's format. A record that fails one is a dead letter of this pipeline only
+   (`malformed: <reason>`), with its text; the other pipelines that read it are not affected.
+
+The result has the pipeline's event columns (`events.chunk_schema`) plus ERR (the reason a
+record makes no event: null for an event, FILTERED, or the dead letter's reason) and SRC (the
+record's text, for a dead letter), one row per stored record, in the chunk's order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .duck import duckdb_connection
+from .events import ERR, FILTERED, ID, RAW, REC, RECORDS, ROW, SRC, TIME, chunk_schema
+from .ingest import json_path, normalize_lines, normalize_table
+from .spec import Pipeline
+from .sqlexpr import expression_columns
+
+_KEEP = "__wire_keep"
+
+
+def read_schema(spec: Pipeline) -> pa.Schema:
+    """The columns a pipeline's events are read with: its event columns, ERR and SRC."""
+    return chunk_schema(spec).append(pa.field(ERR, pa.string())).append(pa.field(SRC, pa.string()))
+
+
+def payload_of(chunk: pa.Table) -> pa.Table | pa.LargeBinaryArray:
+    """A RECORDS chunk's records as given: their JSON lines, or their Parquet columns."""
+    if RAW in chunk.column_names:
+        return chunk[RAW].combine_chunks().cast(pa.large_binary())
+    rec = chunk[REC].combine_chunks()
+    names = [f.name for f in rec.type]
+    return pa.Table.from_arrays(rec.flatten(), names=names)
+
+
+def pipeline_events(spec: Pipeline, chunk: pa.Table, ingest_ms: int) -> pa.Table:
+    """The records of a RECORDS chunk as `spec`'s events (`read_schema`): see the module doc."""
+    n = chunk.num_rows
+    payload = payload_of(chunk)
+    keep = np.ones(n, dtype=bool)
+    failed: str | None = None
+    if spec.fields or spec.where:
+        payload, keep, failed = _prepare(spec, payload)
+    kept = np.flatnonzero(keep)
+    parts = []
+    if failed is not None:  # an expression that cannot be evaluated on this chunk's records
+        parts.append(_set_aside(spec, chunk, kept, failed, None))
+    elif len(kept):
+        sub = payload.take(pa.array(kept))
+        good, dlq = (
+            normalize_table(spec, sub, ingest_ms)
+            if isinstance(sub, pa.Table)
+            else normalize_lines(spec, sub, ingest_ms)
+        )
+        rows = chunk[ROW].combine_chunks()
+        at = kept[good[ROW].to_numpy()]
+        good = good.set_column(good.schema.get_field_index(ROW), ROW, rows.take(pa.array(at)))
+        good = good.append_column(ERR, pa.nulls(good.num_rows, pa.string()))
+        parts.append(good.append_column(SRC, pa.nulls(good.num_rows, pa.string())))
+        if dlq.num_rows:
+            bad_at = kept[dlq["row"].to_numpy()]
+            parts.append(_set_aside(spec, chunk, bad_at, dlq["reason"], dlq["record"]))
+    gone = np.flatnonzero(~keep)
+    if len(gone):
+        parts.append(_set_aside(spec, chunk, gone, FILTERED, None))
+    schema = read_schema(spec)
+    if not parts:
+        return schema.empty_table()
+    out = pa.concat_tables([p.select(schema.names).cast(schema) for p in parts])
+    return out.sort_by(ROW) if len(parts) > 1 else out
+
+
+def _set_aside(spec: Pipeline, chunk: pa.Table, at: np.ndarray, why, record) -> pa.Table:
+    """Rows of records `at` that make no event: their time, id and position, and `why`."""
+    schema = chunk_schema(spec)
+    idx = pa.array(at, pa.int64())
+    cols = {
+        name: (chunk[name].take(idx) if name in (TIME, ID, ROW) else pa.nulls(len(at), schema.field(name).type))
+        for name in schema.names
+    }
+    cols[ERR] = pa.array([why] * len(at), pa.string()) if isinstance(why, str) else why
+    cols[SRC] = pa.nulls(len(at), pa.string()) if record is None else record
+    return pa.table(cols)
+
+
+def _referenced(spec: Pipeline) -> list[str]:
+    """The record fields the pipeline's expressions name (not its own derived fields)."""
+    derived = {f for f, _ in spec.fields}
+    refs: list[str] = []
+    for f, expr in spec.fields:
+        refs += expression_columns(expr, f"fields.{f}")
+    if spec.where:
+        refs += [c for c in expression_columns(spec.where, "where") if c not in derived]
+    return list(dict.fromkeys(refs))
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _prepare(
+    spec: Pipeline, payload: pa.Table | pa.LargeBinaryArray
+) -> tuple[pa.Table | pa.LargeBinaryArray, np.ndarray, str | None]:
+    """The records with the pipeline's derived fields set (a JSON line gains them as keys, a
+    Parquet row as columns), whether its `where` is true for each (NULL and errors: not), and,
+    for an expression DuckDB cannot bind to this chunk's field types, the reason every record of
+    the chunk becomes a dead letter (`malformed: fields.x: ...`)."""
+    import duckdb
+
+    refs = _referenced(spec)
+    con = duckdb_connection()
+    typed = isinstance(payload, pa.Table)
+    name = "wire_records"
+    if typed:
+        missing = [r for r in refs if "." not in r and r not in payload.column_names]
+        con.register(name, payload)
+        base = f"SELECT *, {', '.join(f'NULL AS {_q(r)}' for r in missing) or 'NULL AS __wire_none'} FROM {name}"
+        drop = [*missing, "__wire_none"] if not missing else missing
+    else:
+        con.register(name, pa.table({"raw": payload}))
+        views = ["decode(raw) AS __j"]
+        for r in refs:
+            views.append(f"{_json_typed(con, name, r)} AS {_q(r)}")
+        base = f"SELECT {', '.join(views)} FROM (SELECT * FROM {name})"
+        drop = refs
+    derived = ", ".join(f"try({expr}) AS {_q(f)}" for f, expr in spec.fields)
+    where = f"coalesce(try(CAST(({spec.where}) AS BOOLEAN)), FALSE)" if spec.where else "TRUE"
+    if typed:
+        replaced = [f for f, _ in spec.fields if f in payload.column_names]
+        excl = f" EXCLUDE ({', '.join(_q(c) for c in replaced)})" if replaced else ""
+        sql = f"""
+            WITH b AS ({base}),
+                 d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
+            SELECT * EXCLUDE ({", ".join(_q(c) for c in drop)}), {where} AS {_KEEP} FROM d"""
+    else:
+        patch = (
+            "json_merge_patch(__j, json_object(" + ", ".join(f"'{f}', {_q(f)}" for f, _ in spec.fields) + "))"
+            if spec.fields
+            else "__j"
+        )
+        sql = f"""
+            WITH b AS ({base}),
+                 d AS (SELECT *{", " + derived if derived else ""} FROM b)
+            SELECT encode({patch}) AS raw, {where} AS {_KEEP} FROM d"""
+    try:
+        out = con.sql(sql).to_arrow_table()
+    except duckdb.Error as e:  # the expressions do not bind to this chunk's field types
+        first = str(e).splitlines()[0]
+        exprs = "; ".join(
+            [f"fields.{f}: {x}" for f, x in spec.fields] + ([f"where: {spec.where}"] if spec.where else [])
+        )
+        return payload, np.ones(_len(payload), dtype=bool), f"malformed: cannot evaluate {exprs} ({first})"
+    finally:
+        con.unregister(name)
+    keep = out[_KEEP].to_numpy(zero_copy_only=False).astype(bool)
+    if typed:
+        return out.drop_columns([_KEEP]), keep, None
+    return out["raw"].combine_chunks().cast(pa.large_binary()), keep, None
+
+
+def _len(payload: pa.Table | pa.LargeBinaryArray) -> int:
+    return payload.num_rows if isinstance(payload, pa.Table) else len(payload)
+
+
+def _json_typed(con, table: str, field: str) -> str:
+    """Field `field` of the JSON lines as one SQL type for the chunk, by the JSON types of its
+    values: a number where any value is one (BIGINT where all those are integers, else DOUBLE;
+    a value of another type is then NULL), BOOLEAN where all are booleans, else text (VARCHAR);
+    an untyped NULL where no record has a value. So `price > 100` compares numbers whenever
+    the records carry numbers, whatever else a few of them carry."""
+    path = json_path(field).replace("'", "''")
+    kinds = {
+        k
+        for (k,) in con.sql(f"SELECT DISTINCT json_type(decode(raw), '{path}') FROM {table}").fetchall()
+        if k not in (None, "NULL")
+    }
+    text = f"json_extract_string(decode(raw), '{path}')"
+    if not kinds:
+        return "NULL"
+    numbers = kinds & {"BIGINT", "UBIGINT", "DOUBLE"}
+    if numbers:
+        sqltype = "DOUBLE" if "DOUBLE" in numbers else "BIGINT"
+        typ = f"json_type(decode(raw), '{path}')"
+        return f"CASE WHEN {typ} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({text} AS {sqltype}) END"
+    if kinds == {"BOOLEAN"}:
+        return f"TRY_CAST({text} AS BOOLEAN)"
+    return text
+
+
+def read_chunk(store, spec: Pipeline, meta) -> pa.Table:
+    """The events `spec` makes of one chunk (`streams.ChunkMeta`), read on this machine: its event
+    columns, without the records that make none (for tools and tests; runs read on executors)."""
+    import io
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    schema = chunk_schema(spec)
+    if meta.data_key is None:
+        return schema.empty_table()
+    t = pq.read_table(io.BytesIO(store.get(meta.data_key)))
+    if meta.format != RECORDS:
+        return t.select(schema.names).cast(schema)
+    ev = pipeline_events(spec, t, meta.ingest_ms)
+    return ev.filter(pc.is_null(ev[ERR])).select(schema.names)  # pyright: ignore[reportAttributeAccessIssue]  generated at import

@@ -24,7 +24,7 @@ from .partitions import starts as partition_starts
 from .reclock import job_length
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import read_stream, views_from
+from .streams import read_inputs, views_from
 from .timeutil import NEG_INF, iso, now_ms
 
 
@@ -53,7 +53,7 @@ def recompute(
         return contents
     steps = timeline(cp, latest)
     epochs, offsets, w_prev = [], {}, NEG_INF
-    listed = read_stream(store, spec.stream, {})  # one listing; each epoch sees it from its offsets
+    listed = read_inputs(store, spec, {})  # one listing; each epoch sees it from its offsets
     for st in steps:  # each recorded epoch: the chunks between its predecessor's offsets and its own
         views = views_from(listed, offsets)
         chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]

@@ -36,7 +36,7 @@ from .parquetio import parquet_bytes
 from .results import read_file
 from .sparksession import started_session
 from .spec import Pipeline
-from .streams import ChunkMeta, check_stream, read_stream
+from .streams import ChunkMeta, check_stream, read_inputs
 from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
@@ -169,7 +169,7 @@ def process(
             cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
             collected.result()
     offsets = prev.remap if prev else {}
-    out.pending = sum(len(v.chunks) for v in read_stream(store, spec.stream, offsets).values())
+    out.pending = sum(len(v.chunks) for v in read_inputs(store, spec, offsets).values())
     return out
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .aggregates import output_ddl, partial_columns, state_ddl
 from .bucketkernel import (
@@ -54,7 +55,7 @@ from .bucketkernel import (
 )
 from .events import ERR, ID, KEY, RECORDS, ROW, SRC, TIME, chunk_schema
 from .extract import pipeline_events, read_schema
-from .spec import Pipeline, WindowSpec, field_column
+from .spec import INPUT_SEP, Pipeline, WindowSpec, field_column
 from .streams import ChunkMeta
 
 _FS_CACHE: dict = {}
@@ -146,11 +147,16 @@ class Chunks:
     def read(self, fs, key: str, seg: str, seq: int, ingest_ms: int, fmt: int) -> pa.Table:
         """One chunk as the pipeline's events: a RECORDS chunk's records through `extract`; an
         EVENTS chunk's events as stored, with the reasons `event_errors` finds."""
+        reader = self.spec.reader_of(seg)  # the input the chunk belongs to: its key, filter, fields
         if fmt == RECORDS:
-            t = pipeline_events(self.spec, _read_key(fs, self.bucket, key, None, []), ingest_ms)
+            t = pipeline_events(reader, _read_key(fs, self.bucket, key, None, []), ingest_ms)
         else:
-            t = _read_key(fs, self.bucket, key, chunk_schema(self.spec), [])
-            t = t.append_column(ERR, error_reasons(self.spec, t)).append_column(SRC, pa.nulls(t.num_rows, pa.string()))
+            t = _read_key(fs, self.bucket, key, chunk_schema(reader), [])
+            t = t.append_column(ERR, error_reasons(reader, t)).append_column(SRC, pa.nulls(t.num_rows, pa.string()))
+        if self.spec.inputs:  # ids are unique per stream: an input's are its own (`<input>:<id>`)
+            name = seg.split(INPUT_SEP, 1)[0]
+            qualified = pc.binary_join_element_wise(pa.scalar(name + ":"), t[ID], "")  # pyright: ignore[reportAttributeAccessIssue]  generated at import
+            t = t.set_column(t.schema.get_field_index(ID), ID, qualified)
         t = t.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), t.num_rows))
         t = t.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), t.num_rows))
         return t.select(self.schema.names).cast(self.schema)

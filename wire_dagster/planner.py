@@ -24,7 +24,7 @@ from . import partitions, reclock, windows
 from .checkpoint import Checkpoints
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import check_stream, read_stream
+from .streams import check_stream, read_inputs
 from .timeutil import NEG_INF, iso, now_ms
 
 
@@ -145,7 +145,7 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
         for p in sorted(ready):
             reqs.setdefault((n, p), Request(n, p, "committed"))
     check_stream(store, spec)
-    views = read_stream(store, spec.stream, latest.remap if latest else {})
+    views = read_inputs(store, spec, latest.remap if latest else {})
     pending = sum(len(v.chunks) for v in views.values())
     predicted = latest.watermark if latest else NEG_INF
     # The epochs the next run will commit (it commits up to max_epochs_per_run of them), planned

@@ -19,7 +19,7 @@ from .errors import WireInputError
 from .manifest import Manifest, SegmentRecord
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import ChunkMeta, SegmentView, read_stream, views_from
+from .streams import ChunkMeta, SegmentView, read_inputs, views_from
 from .timeutil import NEG_INF, iso, now_ms
 from .watermark import EpochClock, SegmentClock, advance, select_chunks
 
@@ -150,7 +150,7 @@ def plan_job(
     own, in order, with the manifest it would have had alone. The stream is listed once per job:
     the later epochs see that listing from their offsets (`views_from`)."""
     planned: list[Planned] = []
-    listed = read_stream(store, spec.stream, base.offsets)
+    listed = read_inputs(store, spec, base.offsets)
     while len(planned) < min(limit, settings.epochs_per_job()):
         plan = plan_epoch(spec, base, views_from(listed, base.offsets), now)
         if plan is None or (planned and plan.replayed):

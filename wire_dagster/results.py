@@ -59,7 +59,11 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
 
 def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
     """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
-    out: list[dict] = [dict(d, window=None, epoch=None) for d in iter_dead_letters(store, spec.stream)]
+    out: list[dict] = [
+        dict(d, segment=prefix + d["segment"], window=None, epoch=None)
+        for prefix, reader in spec.readers.items()
+        for d in iter_dead_letters(store, reader.stream)
+    ]
     m = Checkpoints(store, spec.name).latest()
     for ref in m.dead_letters if m else []:
         for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():

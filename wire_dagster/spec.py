@@ -83,6 +83,23 @@ class Orchestration(BaseModel):
     max_epochs_per_run: int = 100
 
 
+class Input(BaseModel):
+    """One raw input of a pipeline of several (DESIGN §4 `inputs:`): a stream, read with its own
+    key and filter; its time and id are the stream's."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    stream: str
+    time_field: str
+    id_field: str | None
+    key_fields: tuple[str, ...]
+    where: str | None = None
+
+
+#: Between an input's name and its segment's in a pipeline of several inputs: `bids.0`.
+INPUT_SEP = "."
+
+
 class Pipeline(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
@@ -105,6 +122,9 @@ class Pipeline(BaseModel):
     windows: tuple[WindowSpec, ...]
     where: str | None = None  # a SQL boolean over the record: the records it is not true for are filtered out
     fields: tuple[tuple[str, str], ...] = ()  # derived fields: (name, SQL expression over the record)
+    # Several raw inputs (a union): each its stream, key and filter; the fields above are the
+    # first's. Empty for a pipeline of one input, whose segments keep their own names.
+    inputs: tuple[Input, ...] = ()
     orchestration: Orchestration = Orchestration()
     source: str | None = None  # the file it came from (not part of the fingerprint)
 
@@ -112,6 +132,34 @@ class Pipeline(BaseModel):
     def key_field(self) -> str | None:
         """The key's one field (None without a key; a composite key: `key_fields`)."""
         return self.key_fields[0] if len(self.key_fields) == 1 else None
+
+    def for_input(self, inp: Input) -> Pipeline:
+        """The pipeline as it reads input `inp` (its stream, time, id, key and filter)."""
+        return self.model_copy(
+            update={
+                "stream": inp.stream,
+                "time_field": inp.time_field,
+                "id_field": inp.id_field,
+                "key_fields": inp.key_fields,
+                "where": inp.where,
+                "inputs": (),
+            }
+        )
+
+    @property
+    def readers(self) -> dict[str, Pipeline]:
+        """How the pipeline reads each input, by the prefix of its segments' names in the remap
+        (`<input>.`; "" for a pipeline of one input, whose segments keep their names)."""
+        if not self.inputs:
+            return {"": self}
+        return {i.name + INPUT_SEP: self.for_input(i) for i in self.inputs}
+
+    def reader_of(self, segment: str) -> Pipeline:
+        """How the pipeline reads the input a (remap) segment belongs to."""
+        for prefix, spec in self.readers.items():
+            if segment.startswith(prefix):
+                return spec
+        raise KeyError(segment)
 
     def stream_level(self) -> Pipeline:
         """What every reader of the pipeline's stream shares, as a pipeline: its time and id, and
@@ -150,7 +198,7 @@ class Pipeline(BaseModel):
     def fingerprint(self) -> str:
         """Hash of everything that decides results (not of where the file lives). A pipeline of
         one key field and no filter or derived field hashes as it did before those existed."""
-        body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields"})
+        body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields", "inputs"})
         body["key_field"] = self.key_field
         if len(self.key_fields) > 1:
             body["key_fields"] = list(self.key_fields)
@@ -158,6 +206,8 @@ class Pipeline(BaseModel):
             body["where"] = self.where
         if self.fields:
             body["fields"] = [list(f) for f in self.fields]
+        if self.inputs:
+            body["inputs"] = [i.model_dump(mode="json") for i in self.inputs]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -264,13 +314,15 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if extra:
         raise WireInputError(f"pipeline: unknown key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
     name = check_name(_req(raw, "name", "pipeline"), "name")
-    stream, event, where_at = _input(raw, name)
-    time_field = _field(_req(event, "time", where_at), f"{where_at}.time")
-    key_fields = _key(event.get("key"), f"{where_at}.key")
-    id_field = _field(event["id"], f"{where_at}.id") if event.get("id") else None
-    where = event.get("where")
-    if where is not None:
-        expression_columns(where, f"{where_at}.where")
+    inputs = _inputs(raw, name)
+    first = inputs[0]
+    stream, time_field, key_fields, id_field, where = (
+        first.stream,
+        first.time_field,
+        first.key_fields,
+        first.id_field,
+        first.where,
+    )
     fields = _derived(raw.get("fields"))
     wm = raw.get("watermark") or {}
     if not isinstance(wm, dict):
@@ -349,6 +401,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             windows=windows,
             where=where,
             fields=fields,
+            inputs=tuple(inputs) if len(inputs) > 1 else (),
             orchestration=orch,
             source=source,
         )
@@ -360,9 +413,9 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
 _INPUT_KEYS = {"name", "stream", "time", "id", "key", "where", "pipeline", "output"}
 
 
-def _input(raw: dict, name: str) -> tuple[str, dict, str]:
-    """The pipeline's raw input: (stream, its time/id/key/where mapping, where in the file), from
-    `stream` + `event` or from `inputs:` (DESIGN §4, dataflow forms)."""
+def _inputs(raw: dict, name: str) -> list[Input]:
+    """The pipeline's raw inputs, from `stream` + `event` (one) or from `inputs:` (DESIGN §4,
+    dataflow forms); each with its time, id, key and filter."""
     if "inputs" not in raw:
         stream = check_name(raw.get("stream") or name, "stream")
         event = _req(raw, "event", "pipeline")
@@ -371,31 +424,44 @@ def _input(raw: dict, name: str) -> tuple[str, dict, str]:
         extra = set(event) - {"time", "key", "id", "where"}
         if extra:
             raise WireInputError(f"event: unknown key(s) {sorted(extra)}; allowed: ['id', 'key', 'time', 'where']")
-        return stream, event, "event"
+        return [_raw_input(stream, stream, event, "event")]
     if "stream" in raw or "event" in raw:
         raise WireInputError("pipeline: give either inputs or stream + event, not both")
     inputs = raw["inputs"]
     if not isinstance(inputs, list) or not inputs:
         raise WireInputError("inputs: expected a list of inputs, each a mapping with name and stream")
-    if len(inputs) > 1:
-        raise WireInputError(
-            f"inputs: {len(inputs)} inputs; this version of Wire reads one input per pipeline "
-            "(several inputs, unions and joins are not built yet)"
-        )
-    inp = inputs[0]
-    if not isinstance(inp, dict):
-        raise WireInputError("inputs[0]: expected a mapping with name, stream, time, key")
-    extra = set(inp) - _INPUT_KEYS
-    if extra:
-        raise WireInputError(f"inputs[0]: unknown key(s) {sorted(extra)}; allowed: {sorted(_INPUT_KEYS)}")
-    if "pipeline" in inp or "output" in inp:
-        raise WireInputError(
-            "inputs[0].pipeline: derived streams (another pipeline's output) are not built yet; "
-            "read a raw stream with `stream:`"
-        )
-    label = check_name(_req(inp, "name", "inputs[0]"), "inputs[0].name")
-    stream = check_name(inp.get("stream") or label, f"inputs.{label}.stream")
-    return stream, inp, f"inputs.{label}"
+    out: list[Input] = []
+    for i, inp in enumerate(inputs):
+        if not isinstance(inp, dict):
+            raise WireInputError(f"inputs[{i}]: expected a mapping with name, stream, time, key")
+        extra = set(inp) - _INPUT_KEYS
+        if extra:
+            raise WireInputError(f"inputs[{i}]: unknown key(s) {sorted(extra)}; allowed: {sorted(_INPUT_KEYS)}")
+        label = check_name(_req(inp, "name", f"inputs[{i}]"), f"inputs[{i}].name")
+        if "pipeline" in inp or "output" in inp:
+            raise WireInputError(
+                f"inputs.{label}.pipeline: derived streams (another pipeline's output) are not built yet; "
+                "read a raw stream with `stream:`"
+            )
+        if any(o.name == label for o in out):
+            raise WireInputError(f"inputs: two inputs are named {label!r}; give each a unique name")
+        stream = check_name(inp.get("stream") or label, f"inputs.{label}.stream")
+        out.append(_raw_input(label, stream, inp, f"inputs.{label}"))
+    return out
+
+
+def _raw_input(label: str, stream: str, m: dict, where_at: str) -> Input:
+    where = m.get("where")
+    if where is not None:
+        expression_columns(where, f"{where_at}.where")
+    return Input(
+        name=label,
+        stream=stream,
+        time_field=_field(_req(m, "time", where_at), f"{where_at}.time"),
+        id_field=_field(m["id"], f"{where_at}.id") if m.get("id") else None,
+        key_fields=_key(m.get("key"), f"{where_at}.key"),
+        where=where,
+    )
 
 
 def _key(value: object, where: str) -> tuple[str, ...]:
@@ -522,8 +588,9 @@ def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
 
 
 def readers_of(stream: str, directory: Path | None = None) -> list[Pipeline]:
-    """The pipelines in `directory` (WIRE_PIPELINES) that read `stream` (a file there that does
-    not load is passed over, as `find_pipeline` does)."""
+    """The pipelines in `directory` (WIRE_PIPELINES) that read `stream`, each as it reads it (a
+    pipeline of several inputs: as that input; a file there that does not load is passed over,
+    as `find_pipeline` does)."""
     check_name(stream, "--stream")
     found = []
     for cand in _pipeline_files(directory or pipelines_dir()):
@@ -531,8 +598,7 @@ def readers_of(stream: str, directory: Path | None = None) -> list[Pipeline]:
             spec = load_pipeline(cand)
         except WireInputError:
             continue
-        if spec.stream == stream:
-            found.append(spec)
+        found += [r for r in spec.readers.values() if r.stream == stream]  # as each reads it
     return found
 
 

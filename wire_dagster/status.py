@@ -13,7 +13,7 @@ from .checkpoint import Checkpoints
 from .manifest import Manifest
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import read_stream
+from .streams import read_inputs
 from .timeutil import INF, NEG_INF, iso
 
 
@@ -31,7 +31,7 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
     m = cp.latest()
     committed = cp.committed()
     offsets = m.remap if m else {}
-    views = read_stream(store, spec.stream, offsets)
+    views = read_inputs(store, spec, offsets)
     segs = []
     for s in sorted(set(views) | set(m.segments if m else {})):
         rec = m.segments.get(s) if m else None

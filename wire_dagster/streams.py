@@ -31,7 +31,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -159,11 +159,12 @@ def declare_stream(store: ObjectStore, spec: Pipeline) -> None:
 
 
 def check_stream(store: ObjectStore, spec: Pipeline) -> None:
-    """Refuse (one line naming both) a pipeline that reads its stream with another time or id
-    field than the stream declares; a stream not yet declared accepts any."""
-    decl = _declared(store, spec.stream)
-    if decl is not None and (decl.get("time"), decl.get("id")) != (spec.time_field, spec.id_field):
-        raise _mismatch(spec, decl)
+    """Refuse (one line naming both) a pipeline that reads a stream (each of its inputs') with
+    another time or id field than the stream declares; a stream not yet declared accepts any."""
+    for reader in spec.readers.values():
+        decl = _declared(store, reader.stream)
+        if decl is not None and (decl.get("time"), decl.get("id")) != (reader.time_field, reader.id_field):
+            raise _mismatch(reader, decl)
 
 
 def stream_fields(store: ObjectStore, stream: str) -> tuple[str, str | None] | None:
@@ -405,6 +406,9 @@ class SegmentView:
     segment: str
     chunks: list[ChunkMeta]
     sealed_at: int | None  # last sequence if sealed
+    # The place of an input of several that has no segment yet and is not closed (`read_inputs`):
+    # the pipeline's W waits for it (DESIGN §6: W is the minimum over the inputs).
+    missing: bool = False
 
 
 #: Chunk index objects read in this process, by (endpoint, bucket, key, ETag): a claimed chunk's
@@ -468,9 +472,28 @@ def views_from(views: dict[str, SegmentView], offsets: dict[str, int]) -> dict[s
     from its new offset on, its seal as read — what `read_stream` at those offsets returns if
     nothing was appended since, without listing the store again."""
     return {
-        seg: SegmentView(seg, [c for c in v.chunks if c.seq >= offsets.get(seg, 0)], v.sealed_at)
+        seg: SegmentView(seg, [c for c in v.chunks if c.seq >= offsets.get(seg, 0)], v.sealed_at, v.missing)
         for seg, v in views.items()
     }
+
+
+def read_inputs(store: ObjectStore, spec: Pipeline, offsets: dict[str, int]) -> dict[str, SegmentView]:
+    """`read_stream` of every input of the pipeline from its offset vector: for a pipeline of one
+    input, its stream's segments; for several, each input's segments named `<input>.<segment>`
+    (their chunks too), and, for an input with no segment yet that is not closed, a `missing`
+    view named `<input>.` that holds the pipeline's watermark back until it has one."""
+    if not spec.inputs:
+        return read_stream(store, spec.stream, offsets)
+    out: dict[str, SegmentView] = {}
+    for prefix, reader in spec.readers.items():
+        own = {s[len(prefix) :]: o for s, o in offsets.items() if s.startswith(prefix)}
+        views = read_stream(store, reader.stream, own)
+        if not views and not is_closed(store, reader.stream):
+            out[prefix] = SegmentView(prefix, [], None, missing=True)
+        for seg, v in views.items():
+            q = prefix + seg
+            out[q] = SegmentView(q, [replace(c, segment=q) for c in v.chunks], v.sealed_at)
+    return out
 
 
 def iter_dead_letters(store: ObjectStore, stream: str) -> Iterator[dict]:

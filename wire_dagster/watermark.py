@@ -96,7 +96,10 @@ def advance(
     `decisions`, when given (a replay), are used instead of deciding idleness from `now`.
     """
     segs: dict[str, SegmentClock] = dict(prev)
+    waiting = sorted(s for s, v in views.items() if v.missing)
     for s, view in views.items():
+        if view.missing:
+            continue
         c = segs.get(s, SegmentClock())
         for ch in taken.get(s, []):
             c = replace(
@@ -120,8 +123,11 @@ def advance(
                 decisions[s] = "idle"
             else:
                 decisions[s] = "active"
+        decisions.update({s: "waiting" for s in waiting})
     active = [wms[s] for s, d in decisions.items() if d != "idle" and s in wms]
-    if segs and all(d == "sealed" for d in decisions.values()):
+    if "waiting" in decisions.values():
+        computed = NEG_INF  # an input with no segment yet: W waits for it (recorded, so replays agree)
+    elif segs and all(d == "sealed" for d in decisions.values()):
         computed = INF
     elif active:
         computed = min(active)

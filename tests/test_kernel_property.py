@@ -55,6 +55,10 @@ WINDOWS = [
             "hi": "max(v)",
             "mean": "avg(v)",
             "users": "count_distinct(u)",
+            "top_u": "arg_max(u, v)",
+            "low_u": "arg_min(u, v)",
+            "first_u": "first(u)",
+            "last_v": "last(v)",
         },
     },
     # sliding with an offset (3 windows per event)
@@ -64,14 +68,28 @@ WINDOWS = [
         "size": 12,
         "slide": 4,
         "offset": 1,
-        "aggregates": {"n": "count", "mean": "avg(v)", "vals": "count_distinct(v)", "hi": "max(v)"},
+        "aggregates": {
+            "n": "count",
+            "mean": "avg(v)",
+            "vals": "count_distinct(v)",
+            "hi": "max(v)",
+            "first_u": "first(u)",
+            "top_u": "arg_max(u, v)",
+        },
     },
     # session with a fixed gap
     {
         "name": "se",
         "type": "session",
         "gap": 5,
-        "aggregates": {"n": "count", "total": "sum(v)", "hi": "max(v)", "users": "count_distinct(u)"},
+        "aggregates": {
+            "n": "count",
+            "total": "sum(v)",
+            "hi": "max(v)",
+            "users": "count_distinct(u)",
+            "last_u": "last(u)",
+            "low_u": "arg_min(u, v)",
+        },
     },
     # session with a per-event gap field
     {
@@ -207,6 +225,12 @@ def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
             continue
         for k, p in want.items():
             for c, v in p.items():
+                if c.endswith("_best"):  # a value aggregate: the kernel keeps the chosen value as `_v`
+                    g = got[k][c[: -len("_best")] + "_v"]
+                    ok = g == (v[1] if v is not None else None)
+                    if not ok:
+                        out.append(f"{w.name} state {k} {c}: kernel {g!r}, reference {v!r}")
+                    continue
                 g = got[k][c]
                 if c.endswith("_set"):
                     ok = len(g) == len(v)
@@ -285,18 +309,40 @@ def duckdb_batch(spec, events: list[dict]) -> dict[str, list[dict]]:
     con.register("raw", events_table(spec, events))
     # the first copy of an id in read order (segment, chunk, row) counts
     dedup = "QUALIFY row_number() OVER (PARTITION BY _id ORDER BY _seg, _seq, _row) = 1" if spec.id_field else ""
-    con.execute(f"CREATE TEMP TABLE ev AS SELECT _t AS t, _key AS k, f_v AS v, f_u AS u, f_g AS g FROM raw {dedup}")
+    con.execute(
+        "CREATE TEMP TABLE ev AS SELECT _t AS t, _key AS k, f_v AS v, f_u AS u, f_g AS g, _seg, _seq, _row "
+        f"FROM raw {dedup}"
+    )
+    position = "_seg {d}, _seq {d}, _row {d}"
     sql_agg = {
-        "count": lambda f: "count(*)",
-        "sum": lambda f: f"sum({f})",
-        "min": lambda f: f"min({f})",
-        "max": lambda f: f"max({f})",
-        "avg": lambda f: f"avg({f})",
-        "count_distinct": lambda f: f"count(DISTINCT {f})",
+        "count": lambda a: "count(*)",
+        "sum": lambda a: f"sum({a.field})",
+        "min": lambda a: f"min({a.field})",
+        "max": lambda a: f"max({a.field})",
+        "avg": lambda a: f"avg({a.field})",
+        "count_distinct": lambda a: f"count(DISTINCT {a.field})",
+        # the value aggregates: the field's text at the extreme `by` (ties: the smallest text), or
+        # at the first (last) event by time, then (segment, chunk, row), among those with a value
+        "arg_max": lambda a: (
+            f"first(CAST({a.field} AS VARCHAR) ORDER BY {a.by} DESC, CAST({a.field} AS VARCHAR) "
+            f"NULLS LAST) FILTER (WHERE {a.by} IS NOT NULL)"
+        ),
+        "arg_min": lambda a: (
+            f"first(CAST({a.field} AS VARCHAR) ORDER BY {a.by} ASC, CAST({a.field} AS VARCHAR) "
+            f"NULLS LAST) FILTER (WHERE {a.by} IS NOT NULL)"
+        ),
+        "first": lambda a: (
+            f"first(CAST({a.field} AS VARCHAR) ORDER BY t, {position.format(d='ASC')}) "
+            f"FILTER (WHERE {a.field} IS NOT NULL)"
+        ),
+        "last": lambda a: (
+            f"first(CAST({a.field} AS VARCHAR) ORDER BY t DESC, {position.format(d='DESC')}) "
+            f"FILTER (WHERE {a.field} IS NOT NULL)"
+        ),
     }
     out = {}
     for w in spec.windows:
-        aggs = ", ".join(f"{sql_agg[a.func](a.field)} AS {a.name}" for a in w.aggregates)
+        aggs = ", ".join(f"{sql_agg[a.func](a)} AS {a.name}" for a in w.aggregates)
         if w.type != "session":
             # the newest window holding t starts at t - ((t - offset) mod slide); the others slide back
             sql = f"""

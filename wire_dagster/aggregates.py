@@ -8,7 +8,16 @@ count              ``n``: events in the window
 sum(f), avg(f)     ``s``: exact decimal(38, 9) sum of non-null values, ``nn``: their count
 min(f), max(f)     ``m``: the extreme non-null value (null if none)
 count_distinct(f)  ``set``: the distinct non-null values (as strings)
+arg_max(f, by)     ``b``: the largest non-null ``by``, ``v``: ``f`` (as text) of an event with
+arg_min(f, by)     it, the smallest on ties (nulls last); arg_min alike with the smallest ``by``
+first(f), last(f)  ``t``: the earliest (latest) event time of a non-null ``f``, ``o``: that
+                   event's source position (segment, chunk, row; the first (last) on ties),
+                   ``v``: its ``f`` (as text)
 =================  =========================================================
+
+The value aggregates (arg_max, arg_min, first, last) return their field's value as text, as
+keys are: a field is text in the events unless another aggregate of the pipeline reads it as a
+number (then its text is the number's, e.g. ``12.5``).
 
 Sums are decimals so that their value does not depend on the order Spark adds
 them in: re-running an epoch commits byte-identical results.
@@ -40,7 +49,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pyarrow as pa
 
-from .spec import Aggregate, WindowSpec, field_column
+from .spec import VALUE_FUNCS, Aggregate, WindowSpec, field_column
 
 SCALE = 9
 QUANTUM = Decimal(1).scaleb(-SCALE)
@@ -85,7 +94,21 @@ def partial_columns(a: Aggregate) -> list[tuple[str, str]]:
         return [(f"{p}_s", f"DECIMAL(38,{SCALE})"), (f"{p}_nn", "BIGINT")]
     if a.func in ("min", "max"):
         return [(f"{p}_m", "DOUBLE")]
+    if a.func in ("arg_max", "arg_min"):
+        return [(f"{p}_b", "DOUBLE"), (f"{p}_v", "STRING")]
+    if a.func in ("first", "last"):
+        return [(f"{p}_t", "BIGINT"), (f"{p}_o", "STRING"), (f"{p}_v", "STRING")]
     return [(f"{p}_set", "ARRAY<STRING>")]
+
+
+#: Each aggregate's result type (Spark DDL): counts are integers, value aggregates text, the rest doubles.
+OUTPUT_TYPES = {"count": "BIGINT", "count_distinct": "BIGINT", **dict.fromkeys(VALUE_FUNCS, "STRING")}
+
+
+def position_text(seg: str, seq: int, row: int) -> str:
+    """A source position as text that sorts as (segment, chunk, row) do: first and last break
+    ties of event time by it (\x01 sorts before every character a segment name has)."""
+    return f"{seg}\x01{seq:012d}\x01{row:012d}"
 
 
 def state_ddl(w: WindowSpec) -> str:
@@ -95,9 +118,8 @@ def state_ddl(w: WindowSpec) -> str:
 
 
 def output_ddl(w: WindowSpec) -> str:
-    types = {"count": "BIGINT", "count_distinct": "BIGINT"}
     cols = ["key STRING", "window_start BIGINT", "window_end BIGINT"]
-    cols += [f"{a.name} {types.get(a.func, 'DOUBLE')}" for a in w.aggregates]
+    cols += [f"{a.name} {OUTPUT_TYPES.get(a.func, 'DOUBLE')}" for a in w.aggregates]
     return ", ".join(cols)
 
 
@@ -123,9 +145,45 @@ def py_empty(w: WindowSpec) -> dict:
             st[f"{p}_s"], st[f"{p}_nn"] = Decimal(0), 0
         elif a.func in ("min", "max"):
             st[f"{p}_m"] = None
+        elif a.func in VALUE_FUNCS:
+            st[f"{p}_best"] = None  # (ordering key, value) of the event chosen so far
         else:
             st[f"{p}_set"] = set()
     return st
+
+
+def _value_text(v: object) -> str | None:
+    return None if v is None else distinct_repr(v)
+
+
+def _candidate(a: Aggregate, ev: dict) -> tuple | None:
+    """The ordering key and value with which event `ev` competes in value aggregate `a`: the
+    smallest key wins (ties cannot remain: positions differ)."""
+    v = _value_text(ev.get(source_column(a)))
+    if a.func in ("arg_max", "arg_min"):
+        b = ev.get(field_column(a.by)) if a.by else None
+        if b is None:
+            return None
+        # the extreme `by`, then the smallest value (nulls last)
+        return ((-b if a.func == "arg_max" else b), v is None, v or ""), v
+    if v is None:
+        return None
+    pos = position_text(ev.get("_seg", ""), ev.get("_seq", 0), ev.get("_row", 0))
+    t = ev["_t"]
+    return ((t, pos) if a.func == "first" else (-t, _desc(pos))), v
+
+
+def _desc(text: str) -> tuple:
+    """An ordering key under which `text` sorts descending."""
+    return tuple(-ord(c) for c in text) + (1,)
+
+
+def _better(x: tuple | None, y: tuple | None) -> tuple | None:
+    if x is None:
+        return y
+    if y is None:
+        return x
+    return x if x[0] <= y[0] else y
 
 
 def py_add(w: WindowSpec, st: dict, ev: dict) -> None:
@@ -133,6 +191,8 @@ def py_add(w: WindowSpec, st: dict, ev: dict) -> None:
     for a in w.aggregates:
         p = f"p_{a.name}"
         v = ev.get(source_column(a)) if a.field else None
+        if a.func in VALUE_FUNCS:
+            continue  # below
         if a.func == "count":
             st[f"{p}_n"] += 1
         elif v is None:
@@ -146,6 +206,9 @@ def py_add(w: WindowSpec, st: dict, ev: dict) -> None:
             st[f"{p}_m"] = v if st[f"{p}_m"] is None else max(st[f"{p}_m"], v)
         else:
             st[f"{p}_set"].add(distinct_repr(v))
+    for a in w.aggregates:  # value aggregates: an event competes even where its field is null (arg_*)
+        if a.func in VALUE_FUNCS:
+            st[f"p_{a.name}_best"] = _better(st[f"p_{a.name}_best"], _candidate(a, ev))
 
 
 def distinct_repr(v: object) -> str:
@@ -166,6 +229,8 @@ def py_merge(w: WindowSpec, a_st: dict, b_st: dict) -> dict:
         elif a.func in ("min", "max"):
             vals = [x for x in (a_st[f"{p}_m"], b_st[f"{p}_m"]) if x is not None]
             out[f"{p}_m"] = (min if a.func == "min" else max)(vals) if vals else None
+        elif a.func in VALUE_FUNCS:
+            out[f"{p}_best"] = _better(a_st[f"{p}_best"], b_st[f"{p}_best"])
         else:
             out[f"{p}_set"] = set(a_st[f"{p}_set"]) | set(b_st[f"{p}_set"])
     return out
@@ -183,6 +248,9 @@ def py_finalize(w: WindowSpec, st: dict) -> dict:
             out[a.name] = float(st[f"{p}_s"] / st[f"{p}_nn"]) if st[f"{p}_nn"] else None
         elif a.func in ("min", "max"):
             out[a.name] = st[f"{p}_m"]
+        elif a.func in VALUE_FUNCS:
+            best = st[f"{p}_best"]
+            out[a.name] = None if best is None else best[1]
         else:
             out[a.name] = len(st[f"{p}_set"])
     return out

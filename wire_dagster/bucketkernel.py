@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
 from .events import ERR, FILTERED, ID, KEY, ROW, SRC, TIME
-from .spec import Aggregate, Pipeline, WindowSpec, field_column
+from .spec import VALUE_FUNCS, Aggregate, Pipeline, WindowSpec, field_column
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
 SEG, SEQ = "_seg", "_seq"
@@ -62,8 +62,38 @@ def _to_decimal(src: str) -> str:
     return f"CAST(CAST({src} AS VARCHAR) AS {DEC})"
 
 
+#: An event's source position as text that sorts as (segment, chunk, row) (aggregates.position_text).
+_POSITION = (
+    f"{SEG} || chr(1) || lpad(CAST({SEQ} AS VARCHAR), 12, '0') || chr(1) || lpad(CAST({ROW} AS VARCHAR), 12, '0')"
+)
+
+
+def _value_partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
+    """`_partial_sql` of the value aggregates (arg_max, arg_min, first, last; aggregates.py)."""
+    col = source_column(a)
+    src, q = (_q(col) if col else "NULL"), _q(c)
+    text = f"CAST({src} AS VARCHAR)"
+    p = f"p_{a.name}"
+    if a.func in ("arg_max", "arg_min"):
+        by = _q(field_column(a.by or ""))
+        b, v = _q(f"{p}_b"), _q(f"{p}_v")
+        order = f"{b} {'DESC' if a.func == 'arg_max' else 'ASC'} NULLS LAST, {v} ASC NULLS LAST"
+        if c.endswith("_b"):  # + 0.0: a -0.0 is the zero
+            return f"CAST({by} AS DOUBLE) + 0.0", f"{'max' if a.func == 'arg_max' else 'min'}({b})"
+        return f"CASE WHEN {by} IS NOT NULL THEN {text} END", f"first({v} ORDER BY {order})"
+    t, o = _q(f"{p}_t"), _q(f"{p}_o")
+    order = f"{t} ASC NULLS LAST, {o} ASC" if a.func == "first" else f"{t} DESC NULLS LAST, {o} DESC"
+    if c.endswith("_t"):
+        return f"CASE WHEN {src} IS NOT NULL THEN {TIME} END", f"{'min' if a.func == 'first' else 'max'}({t})"
+    if c.endswith("_o"):
+        return f"CASE WHEN {src} IS NOT NULL THEN {_POSITION} END", f"first({o} ORDER BY {order})"
+    return text, f"first({q} ORDER BY {order})"
+
+
 def _partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
     """(one event's value, the merge of many) of partial column `c` of aggregate `a`."""
+    if a.func in VALUE_FUNCS:
+        return _value_partial_sql(a, c)
     col = source_column(a)
     src, q = (_q(col) if col else "NULL"), _q(c)
     if c.endswith("_n"):
@@ -101,6 +131,8 @@ def _finalize(a: Aggregate) -> str:
         e = f"CASE WHEN {nn} > 0 THEN CAST({s} AS DOUBLE) / {nn} END"
     elif a.func in ("min", "max"):
         e = m
+    elif a.func in VALUE_FUNCS:
+        e = _q(f"{p}_v")
     else:
         e = f"len({st})::BIGINT"
     return f"{e} AS {_q(a.name)}"
@@ -428,6 +460,7 @@ _ARROW = {
     "BIGINT": pa.int64(),
     "DOUBLE": pa.float64(),
     "ARRAY<STRING>": pa.list_(pa.string()),
+    "STRING": pa.string(),
     DEC: pa.decimal128(38, SCALE),
 }
 

@@ -11,6 +11,7 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .aggregates import OUTPUT_TYPES
 from .checkpoint import Checkpoints
 from .manifest import FileRef
 from .objectstore import ObjectStore
@@ -52,8 +53,9 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
     """A window's results with no row: their columns and types."""
     w = spec.window(window)
     fields = [pa.field("key", pa.string()), pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
+    arrow = {"BIGINT": pa.int64(), "STRING": pa.string()}
     for a in w.aggregates:
-        fields.append(pa.field(a.name, pa.int64() if a.func in ("count", "count_distinct") else pa.float64()))
+        fields.append(pa.field(a.name, arrow.get(OUTPUT_TYPES.get(a.func, ""), pa.float64())))
     return pa.schema(fields).empty_table()
 
 

@@ -20,8 +20,12 @@ from .sqlexpr import expression_columns
 from .timeutil import parse_duration, parse_iso
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
-AGG_RE = re.compile(r"^\s*(count|sum|min|max|avg|count_distinct)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_.]*)\s*\))?\s*$")
-AGG_FUNCS = ("count", "sum", "min", "max", "avg", "count_distinct")
+_F = r"([A-Za-z_][A-Za-z0-9_.]*)"
+AGG_RE = re.compile(rf"^\s*([a-z_]+)\s*(?:\(\s*{_F}\s*(?:,\s*{_F}\s*)?\))?\s*$")
+AGG_FUNCS = ("count", "sum", "min", "max", "avg", "count_distinct", "arg_max", "arg_min", "first", "last")
+#: Aggregates whose result is a value of their field, as text (a key is text too): arg_max(f, by),
+#: arg_min(f, by) (ties: the smallest f), first(f) and last(f) (by event time, then position).
+VALUE_FUNCS = ("arg_max", "arg_min", "first", "last")
 FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 NAME_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a derived field: top level, no dots
 
@@ -36,12 +40,13 @@ def check_name(value: str, what: str) -> str:
 
 
 class Aggregate(BaseModel):
-    """One output column: `func(field)`; `count` has no field."""
+    """One output column: `func(field)` (`count` has no field; `arg_max(field, by)`)."""
 
     model_config = ConfigDict(frozen=True)
     name: str
-    func: Literal["count", "sum", "min", "max", "avg", "count_distinct"]
+    func: Literal["count", "sum", "min", "max", "avg", "count_distinct", "arg_max", "arg_min", "first", "last"]
     field: str | None = None
+    by: str | None = None  # arg_max, arg_min: the number whose extreme picks the event
 
     @property
     def numeric(self) -> bool:
@@ -181,11 +186,22 @@ class Pipeline(BaseModel):
 
     @property
     def numeric_fields(self) -> list[str]:
-        return sorted({a.field for w in self.windows for a in w.aggregates if a.field and a.numeric})
+        return sorted(
+            {a.field for w in self.windows for a in w.aggregates if a.field and a.numeric}
+            | {a.by for w in self.windows for a in w.aggregates if a.by}
+        )
 
     @property
     def distinct_fields(self) -> list[str]:
-        return sorted({a.field for w in self.windows for a in w.aggregates if a.field and a.func == "count_distinct"})
+        """The fields read as text: count_distinct's values, and arg_max/arg_min/first/last's."""
+        return sorted(
+            {
+                a.field
+                for w in self.windows
+                for a in w.aggregates
+                if a.field and (a.func == "count_distinct" or a.func in VALUE_FUNCS)
+            }
+        )
 
     @property
     def gap_fields(self) -> list[str]:
@@ -199,6 +215,10 @@ class Pipeline(BaseModel):
         """Hash of everything that decides results (not of where the file lives). A pipeline of
         one key field and no filter or derived field hashes as it did before those existed."""
         body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields", "inputs"})
+        for w in body["windows"]:  # as before `by` existed, for the aggregates without one
+            for a in w["aggregates"]:
+                if a.get("by") is None:
+                    a.pop("by", None)
         body["key_field"] = self.key_field
         if len(self.key_fields) > 1:
             body["key_fields"] = list(self.key_fields)
@@ -236,18 +256,24 @@ def _aggregates(raw: object, where: str) -> tuple[Aggregate, ...]:
         if not isinstance(name, str) or not FIELD_RE.match(name) or name in ("key", "window_start", "window_end"):
             raise WireInputError(f"{where}.aggregates: bad output column name {name!r}")
         m = AGG_RE.match(str(expr))
-        if not m:
+        if not m or m.group(1) not in AGG_FUNCS:
             raise WireInputError(
-                f"{where}.aggregates.{name}: unknown aggregate {expr!r}; "
-                "use one of count, sum(f), min(f), max(f), avg(f), count_distinct(f)"
+                f"{where}.aggregates.{name}: unknown aggregate {expr!r}; use one of count, sum(f), min(f), max(f), "
+                "avg(f), count_distinct(f), arg_max(f, by), arg_min(f, by), first(f), last(f)"
             )
-        func, field = m.group(1), m.group(2)
+        func, field, by = m.group(1), m.group(2), m.group(3)
         if func == "count" and field:
             raise WireInputError(f"{where}.aggregates.{name}: count takes no field; write `count`")
         if func != "count" and not field:
             raise WireInputError(f"{where}.aggregates.{name}: {func} needs a field name, e.g. {func}(amount)")
-        # The pattern admits only the Literal's names; pydantic checks the type.
-        out.append(Aggregate.model_validate({"name": name, "func": func, "field": field}))
+        if func in ("arg_max", "arg_min") and not by:
+            raise WireInputError(
+                f"{where}.aggregates.{name}: {func} needs the field to return and the number to compare, "
+                f"e.g. {func}(page, amount)"
+            )
+        if by and func not in ("arg_max", "arg_min"):
+            raise WireInputError(f"{where}.aggregates.{name}: {func} takes one field, e.g. {func}({field})")
+        out.append(Aggregate.model_validate({"name": name, "func": func, "field": field, "by": by}))
     return tuple(out)
 
 

@@ -58,7 +58,7 @@ def test_q11_and_a_second_reader_of_the_bids_equal_duckdb(store, spark, tmp_path
     # Two segments (odd and even bid ids: each keeps the stream's order and disorder bound), each
     # appended in random slices; the pipelines commit after some of them (random epoch splits),
     # then the stream closes and they catch up.
-    seg = {s: bids.filter(pc.equal(pc.bit_wise_and(bids["bid_id"], 1), int(s))) for s in ("0", "1")}
+    seg = {s: bids.filter(pc.equal(pc.bit_wise_and(bids["bid_id"], 1), int(s))) for s in ("0", "1")}  # pyright: ignore[reportAttributeAccessIssue]  generated at import
     pos, n, k = {"0": 0, "1": 0}, 0, 0
     while any(pos[s] < seg[s].num_rows for s in seg):
         for s, t in seg.items():

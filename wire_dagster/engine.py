@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,12 +26,13 @@ import pyarrow.parquet as pq
 
 from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, new_run_id
-from .duck import duckdb_connection
+from .content import apply_changes
 from .errors import CommitConflict, ObjectStoreError, WireError
 from .faults import fault, pause
 from .kernel import EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
 from .manifest import Counts, FileRef, Manifest, SegmentRecord
 from .objectstore import ObjectStore
+from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
 from .sparksession import started_session
@@ -41,16 +42,6 @@ from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
 STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
-
-
-@dataclass
-class Outcome:
-    """What one call to `process` did."""
-
-    manifest: Manifest | None  # the latest committed epoch after the call
-    committed: list[int] = field(default_factory=list)  # epochs this call committed
-    repaired: list[str] = field(default_factory=list)  # published files self-correction rewrote
-    pending: int = 0  # chunks still unread after the call
 
 
 def _stored(store: ObjectStore, ref: FileRef | None) -> Stored | None:
@@ -64,33 +55,6 @@ def _min_start(store: ObjectStore, ref: FileRef | None) -> int | None:
         return None
     starts = pq.read_table(io.BytesIO(store.get(ref.key)), columns=["start"])["start"]
     return pc.min(starts).as_py()  # pyright: ignore[reportAttributeAccessIssue]  generated at import
-
-
-def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
-    """The new content of a partition: old rows not changed, plus updates; retractions removed;
-    sorted by (key, window_start, window_end), null keys last.
-
-    DuckDB over the Arrow tables (this thread's connection): a hash anti-join on the window
-    identity and a sort (the partition's whole content is rewritten each time it changes)."""
-    schema = changes.schema.remove(changes.schema.get_field_index("retract"))
-    cols = ", ".join(f'"{c}"' for c in schema.names)
-    con = duckdb_connection()
-    con.register("ch", changes)
-    try:
-        sql = f"SELECT {cols} FROM ch WHERE NOT retract"
-        if old is not None and old.num_rows:
-            con.register("old", old)
-            sql = f"""
-                SELECT {cols} FROM old ANTI JOIN ch
-                  ON old.key IS NOT DISTINCT FROM ch.key
-                 AND old.window_start = ch.window_start AND old.window_end = ch.window_end
-                UNION ALL {sql}"""
-        out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end").to_arrow_table()
-    finally:
-        con.unregister("ch")
-        if old is not None and old.num_rows:
-            con.unregister("old")
-    return out.cast(schema)
 
 
 def process(
@@ -113,6 +77,12 @@ def process(
     per call, not per epoch: a backlog's intermediate outputs are never published (if
     the call fails half-way, the next one's self-correction publishes what is committed).
     """
+    if spec.derived:  # a stage over other pipelines' windows: recomputed, not streamed
+        from .derived import process as process_derived
+
+        return process_derived(
+            store, spec, spark, max_epochs=max_epochs, run_id=run_id, now=now, keep_epochs=keep_epochs
+        )
     keep_epochs = settings.keep_epochs(spec, keep_epochs)
     check_stream(store, spec)
     cp = Checkpoints(store, spec.name)

@@ -96,6 +96,9 @@ class Manifest(BaseModel):
     counts: Counts = Counts()  # this epoch
     totals: Counts = Counts()  # since epoch 0 (on this timeline)
     replay: list[dict] = []  # remaps/decisions still to replay after a rewind, oldest first
+    # A pipeline of derived streams (derived.py): per input, the sha256 of each partition of the
+    # upstream window it has read (its remap is the upstream's committed epoch per input).
+    upstream: dict[str, dict[str, str]] = {}
     created_ms: int = 0
 
     def to_bytes(self) -> bytes:

@@ -144,18 +144,32 @@ def plan(store: ObjectStore, spec: Pipeline, cursor: str | None, now: int | None
             continue  # the backlog run the previous evaluation requested reports these
         for p in sorted(ready):
             reqs.setdefault((n, p), Request(n, p, "committed"))
-    check_stream(store, spec)
-    views = read_inputs(store, spec, latest.remap if latest else {})
-    pending = sum(len(v.chunks) for v in views.values())
     predicted = latest.watermark if latest else NEG_INF
-    # The epochs the next run will commit (it commits up to max_epochs_per_run of them), planned
-    # from chunk metadata alone (no Spark) by the engine's own planner: one request per epoch, so
-    # that the partitions of every pending epoch are requested in this evaluation.
-    now = now if now is not None else now_ms()
-    limit = spec.orchestration.max_epochs_per_run
-    for p in reclock.plan_epochs(spec, reclock.from_manifest(latest), views, now, limit):
-        _request_epoch(spec, reqs, p.epoch, p.w_prev, p.clock, p.taken, bool(p.chunks) or p.replayed)
-        predicted = p.clock.watermark
+    if spec.derived:  # the next epoch syncs to the upstreams' latest commits (derived.py)
+        from .derived import predict
+
+        nxt = predict(store, spec, latest)
+        pending = 0 if nxt is None else 1
+        if nxt is not None:
+            d, parts = nxt
+            for p in parts:
+                reqs.setdefault((d.epoch, p), Request(d.epoch, p, "ready"))
+            if not parts:
+                p = partitions.newest_ready(spec, d.w_new)
+                reqs[(d.epoch, p)] = Request(d.epoch, p, "progress")
+            predicted = d.w_new
+    else:
+        check_stream(store, spec)
+        views = read_inputs(store, spec, latest.remap if latest else {})
+        pending = sum(len(v.chunks) for v in views.values())
+        # The epochs the next run will commit (it commits up to max_epochs_per_run of them), planned
+        # from chunk metadata alone (no Spark) by the engine's own planner: one request per epoch, so
+        # that the partitions of every pending epoch are requested in this evaluation.
+        now = now if now is not None else now_ms()
+        limit = spec.orchestration.max_epochs_per_run
+        for p in reclock.plan_epochs(spec, reclock.from_manifest(latest), views, now, limit):
+            _request_epoch(spec, reqs, p.epoch, p.w_prev, p.clock, p.taken, bool(p.chunks) or p.replayed)
+            predicted = p.clock.watermark
     ordered = sorted(reqs.values(), key=lambda r: (r.epoch, r.partition))
     # The cursor: the last committed epoch (it moves only with commits), and the backlog run
     # requested now, whose epochs the next evaluations then need not request again once committed.

@@ -88,6 +88,7 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
             ids=target.ids,
             dead_letters=target.dead_letters,
             totals=target.totals,
+            upstream=target.upstream,
         )
     changed = {}
     for w in spec.windows:

@@ -89,16 +89,24 @@ class Orchestration(BaseModel):
 
 
 class Input(BaseModel):
-    """One raw input of a pipeline of several (DESIGN §4 `inputs:`): a stream, read with its own
-    key and filter; its time and id are the stream's."""
+    """One input of a pipeline of several, or of a derived stream (DESIGN §4 `inputs:`): a raw
+    stream, read with its own key and filter (its time and id are the stream's), or another
+    pipeline's committed window (`pipeline`, `output`: a derived stream, whose records are the
+    window's result rows with event time `window_time` = window_end - 1)."""
 
     model_config = ConfigDict(frozen=True)
     name: str
-    stream: str
+    stream: str  # "" for a derived stream
     time_field: str
     id_field: str | None
     key_fields: tuple[str, ...]
     where: str | None = None
+    pipeline: str | None = None  # a derived stream: the pipeline whose window it reads ...
+    output: str | None = None  # ... and the window
+
+
+#: The event time of a derived stream's records: their window's last instant (Flink's window_time).
+WINDOW_TIME = "window_time"
 
 
 #: Between an input's name and its segment's in a pipeline of several inputs: `bids.0`.
@@ -152,12 +160,17 @@ class Pipeline(BaseModel):
         )
 
     @property
+    def derived(self) -> tuple[Input, ...]:
+        """The pipeline's derived inputs (other pipelines' windows); then it has no raw one."""
+        return tuple(i for i in self.inputs if i.pipeline)
+
+    @property
     def readers(self) -> dict[str, Pipeline]:
-        """How the pipeline reads each input, by the prefix of its segments' names in the remap
-        (`<input>.`; "" for a pipeline of one input, whose segments keep their names)."""
+        """How the pipeline reads each raw input, by the prefix of its segments' names in the
+        remap (`<input>.`; "" for a pipeline of one input, whose segments keep their names)."""
         if not self.inputs:
             return {"": self}
-        return {i.name + INPUT_SEP: self.for_input(i) for i in self.inputs}
+        return {i.name + INPUT_SEP: self.for_input(i) for i in self.inputs if not i.pipeline}
 
     def reader_of(self, segment: str) -> Pipeline:
         """How the pipeline reads the input a (remap) segment belongs to."""
@@ -366,6 +379,10 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     names = [w.name for w in windows]
     if len(set(names)) != len(names):
         raise WireInputError("windows: two windows share a name; give each a unique name")
+    if inputs[0].pipeline and any(w.type == "session" for w in windows):
+        raise WireInputError(
+            "windows: a session window over a derived stream is not built yet; use tumbling or sliding windows"
+        )
     partition = parse_duration(_req(raw, "partition", "pipeline"), "partition")
     if partition <= 0:
         raise WireInputError("partition: must be > 0")
@@ -427,7 +444,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             windows=windows,
             where=where,
             fields=fields,
-            inputs=tuple(inputs) if len(inputs) > 1 else (),
+            inputs=tuple(inputs) if len(inputs) > 1 or inputs[0].pipeline else (),
             orchestration=orch,
             source=source,
         )
@@ -464,16 +481,44 @@ def _inputs(raw: dict, name: str) -> list[Input]:
         if extra:
             raise WireInputError(f"inputs[{i}]: unknown key(s) {sorted(extra)}; allowed: {sorted(_INPUT_KEYS)}")
         label = check_name(_req(inp, "name", f"inputs[{i}]"), f"inputs[{i}].name")
-        if "pipeline" in inp or "output" in inp:
-            raise WireInputError(
-                f"inputs.{label}.pipeline: derived streams (another pipeline's output) are not built yet; "
-                "read a raw stream with `stream:`"
-            )
         if any(o.name == label for o in out):
             raise WireInputError(f"inputs: two inputs are named {label!r}; give each a unique name")
+        if "pipeline" in inp or "output" in inp:
+            out.append(_derived_input(label, inp, f"inputs.{label}"))
+            continue
         stream = check_name(inp.get("stream") or label, f"inputs.{label}.stream")
         out.append(_raw_input(label, stream, inp, f"inputs.{label}"))
+    if any(o.pipeline for o in out) and not all(o.pipeline for o in out):
+        raise WireInputError(
+            "inputs: raw streams and derived streams in one pipeline are not built yet; "
+            "read the raw stream in a pipeline of its own and derive from its window"
+        )
     return out
+
+
+def _derived_input(label: str, m: dict, where_at: str) -> Input:
+    """An input `{pipeline: P, output: W, key: ...}`: P's committed window W as a stream."""
+    extra = set(m) - {"name", "pipeline", "output", "key", "where"}
+    if extra:
+        raise WireInputError(
+            f"{where_at}: {sorted(extra)} do not apply to a derived stream (its time is window_end - 1, "
+            "its rows have no id); allowed: key, where"
+        )
+    pipeline = check_name(_req(m, "pipeline", where_at), f"{where_at}.pipeline")
+    output = check_name(_req(m, "output", where_at), f"{where_at}.output")
+    where = m.get("where")
+    if where is not None:
+        expression_columns(where, f"{where_at}.where")
+    return Input(
+        name=label,
+        stream="",
+        time_field=WINDOW_TIME,
+        id_field=None,
+        key_fields=_key(m.get("key"), f"{where_at}.key"),
+        where=where,
+        pipeline=pipeline,
+        output=output,
+    )
 
 
 def _raw_input(label: str, stream: str, m: dict, where_at: str) -> Input:

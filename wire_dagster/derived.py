@@ -1,0 +1,417 @@
+"""Derived streams (DESIGN §6): a stage whose input is another pipeline's committed window.
+
+A derived stream's records are the upstream window's result rows (`key`, `window_start`,
+`window_end`, its aggregates) with event time `window_time` = window_end - 1 (Flink's); its
+watermark is the upstream's committed W. A late firing upstream replaces a row, so the stage
+must see the old row retracted and the new one inserted — for every aggregate, min, max and the
+value aggregates included, which cannot subtract. This stage therefore keeps no window state:
+each epoch it *recomputes* the windows that fire and the fired windows that an upstream change
+touches, from the upstream's committed content (its partitions, as the upstream's manifest at
+the synced epoch names them), with the window kernel's own aggregation (`bucket_epoch` over
+those records, from empty state, every window firing), and replaces their rows. So a composed
+result always equals the composition of the final upstream results, after any retry, restart,
+rewind or late firing.
+
+An epoch syncs every input to its upstream's latest committed epoch (a replay: to the recorded
+one): its remap is `{input: upstream epoch}`, its manifest remembers the sha256 of every upstream
+partition read (`Manifest.upstream`), so the next epoch knows which partitions changed. W is
+the minimum over the inputs' committed watermarks. The recomputation runs in one Spark task that
+reads the upstream's files itself (nothing is collected on the driver but the stage's results),
+then commits through the same two-phase protocol as every epoch (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import partitions, settings
+from .checkpoint import Checkpoints, new_run_id
+from .content import apply_changes
+from .errors import CommitConflict, ObjectNotFound, WireInputError
+from .manifest import Counts, FileRef, Manifest
+from .objectstore import ObjectStore
+from .outcome import Outcome
+from .parquetio import parquet_bytes
+from .results import empty_output, read_file
+from .spec import WINDOW_TIME, Input, Pipeline, WindowSpec, find_pipeline, pipelines_dir
+from .timeutil import INF, NEG_INF, now_ms
+
+#: Records of a derived stream are checked as a pipeline's records are (ingest.py); their time is
+#: a committed window's, so no ingestion time bounds it: this one is beyond every window end.
+_FAR = INF // 2
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A derived input and the pipeline and window it reads."""
+
+    input: Input
+    spec: Pipeline
+    window: WindowSpec
+
+
+def upstreams(spec: Pipeline, directory: Path | None = None) -> list[Upstream]:
+    """The pipelines a pipeline's derived inputs read, from its own file's directory (else
+    WIRE_PIPELINES); a missing pipeline or window, or a cycle, is one line naming it."""
+    where = directory or (Path(spec.source).parent if spec.source else pipelines_dir())
+    out = []
+    for inp in spec.derived:
+        assert inp.pipeline is not None and inp.output is not None
+        try:
+            up = find_pipeline(inp.pipeline, where)
+        except WireInputError:
+            raise WireInputError(
+                f"inputs.{inp.name}.pipeline: no pipeline named {inp.pipeline!r} in {str(where)!r}"
+            ) from None
+        window = next((w for w in up.windows if w.name == inp.output), None)
+        if window is None:
+            raise WireInputError(
+                f"inputs.{inp.name}.output: pipeline {inp.pipeline!r} has no window {inp.output!r}; choose one of: "
+                + ", ".join(w.name for w in up.windows)
+            )
+        _no_cycle(spec.name, up, where, [spec.name, up.name])
+        out.append(Upstream(inp, up, window))
+    return out
+
+
+def _no_cycle(origin: str, spec: Pipeline, where: Path, path: list[str]) -> None:
+    for inp in spec.derived:
+        assert inp.pipeline is not None
+        if inp.pipeline in path:
+            cycle = " -> ".join([*path[path.index(inp.pipeline) :], inp.pipeline][::-1])
+            raise WireInputError(f"inputs: pipelines {origin!r}'s inputs form a cycle: {cycle}; a dataflow is acyclic")
+        try:
+            up = find_pipeline(inp.pipeline, where)
+        except WireInputError:
+            continue  # reported when that pipeline runs
+        _no_cycle(origin, up, where, [*path, up.name])
+
+
+def record_spec(spec: Pipeline, inp: Input) -> Pipeline:
+    """The pipeline as it reads derived input `inp`: time `window_time`, no id, the input's key
+    and filter (its windows and derived fields are the pipeline's)."""
+    return spec.for_input(inp)
+
+
+# ---------------------------------------------------------------------------
+# Planning: from manifests alone
+
+
+@dataclass(frozen=True)
+class Planned:
+    epoch: int
+    targets: dict[str, int]  # input -> the upstream's committed epoch it syncs to (0: none yet)
+    refs: dict[str, dict[str, FileRef]]  # input -> upstream partition -> its file at that epoch
+    watermarks: dict[str, int]  # input -> the upstream's W at that epoch
+    w_prev: int
+    w_new: int
+    changed: list[tuple[int, int]]  # record-time ranges [lo, hi) whose upstream rows changed
+    replay: tuple
+
+    def computed(self, start: pa.Array, end: pa.Array) -> pa.Array:
+        """Which windows [start, end) the epoch (re)computes: the ones that fire now, and the
+        fired ones that hold a changed upstream row."""
+        fire = pc.and_(pc.less_equal(end, self.w_new), pc.greater(end, self.w_prev))  # pyright: ignore[reportAttributeAccessIssue]
+        touched = pa.array([False] * len(start))
+        for lo, hi in self.changed:
+            touched = pc.or_(touched, pc.and_(pc.less(start, hi), pc.greater(end, lo)))  # pyright: ignore[reportAttributeAccessIssue]
+        return pc.or_(fire, pc.and_(touched, pc.less_equal(end, self.w_new)))  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def plan_epoch(store: ObjectStore, spec: Pipeline, ups: list[Upstream], prev: Manifest | None) -> Planned | None:
+    """The next epoch (None: every input is in sync with its upstream's latest commit)."""
+    replay = tuple(prev.replay) if prev else ()
+    if replay:
+        targets = {u.input.name: int(replay[0]["remap"].get(u.input.name, 0)) for u in ups}
+    else:
+        targets = {}
+        for u in ups:
+            latest = Checkpoints(store, u.spec.name).committed()
+            targets[u.input.name] = latest[-1] if latest else 0
+        if prev is not None and targets == prev.remap:
+            return None
+        if prev is None and not any(targets.values()):
+            return None
+    refs, wms, changed = {}, {}, []
+    for u in ups:
+        n = targets[u.input.name]
+        m = _upstream_manifest(store, spec, u, n) if n else None
+        refs[u.input.name] = dict(m.outputs.get(u.window.name, {})) if m else {}
+        wms[u.input.name] = m.watermark if m else NEG_INF
+        before = prev.upstream.get(u.input.name, {}) if prev else {}
+        now = {p: r.sha256 for p, r in refs[u.input.name].items()}
+        for p in sorted(set(before) | set(now), key=int):
+            if before.get(p) != now.get(p):  # new, changed or removed: its windows are recomputed
+                changed.append((int(p), int(p) + u.spec.partition))
+    w_prev = prev.watermark if prev else NEG_INF
+    w_new = max(w_prev, min(wms.values()))
+    epoch = (prev.epoch if prev else 0) + 1
+    return Planned(epoch, targets, refs, wms, w_prev, w_new, changed, replay[1:])
+
+
+def _upstream_manifest(store: ObjectStore, spec: Pipeline, u: Upstream, n: int) -> Manifest:
+    try:
+        return Checkpoints(store, u.spec.name).load(n)
+    except ObjectNotFound:
+        raise WireInputError(
+            f"pipeline {spec.name!r} needs epoch {n} of {u.spec.name!r}, which is not kept any more "
+            "(garbage-collected); rewind it to a later epoch"
+        ) from None
+
+
+def predict(store: ObjectStore, spec: Pipeline, latest: Manifest | None) -> tuple[Planned, list[int]] | None:
+    """The sensor's view of the next epoch: it, and the partitions it can make ready or change."""
+    plan = plan_epoch(store, spec, upstreams(spec), latest)
+    if plan is None:
+        return None
+    parts = set(partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, upstreams(spec))))
+    for lo, hi in plan.changed:
+        hi_end = hi + max(w.size for w in spec.windows)
+        parts |= {p for p in partitions.between(spec, lo, hi_end - 1) if partitions.ready(spec, plan.w_new, p)}
+    return plan, sorted(parts)
+
+
+def _data_bounds(plan: Planned, ups: list[Upstream]) -> tuple[int, int | None]:
+    """(newest, oldest) record time the upstream partitions can hold: `became_ready`'s bounds."""
+    starts = [(int(p), u.spec.partition) for u in ups for p, r in plan.refs[u.input.name].items() if r.rows]
+    if not starts:
+        return NEG_INF, None
+    return max(p + size - 1 for p, size in starts), min(p for p, _ in starts)
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+def process(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark=None,
+    *,
+    max_epochs: int = 1,
+    run_id: str | None = None,
+    now: int | None = None,
+    keep_epochs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+):
+    """`engine.process` for a pipeline of derived streams: commit up to `max_epochs` epochs, each
+    syncing the inputs to their upstreams' latest commits (or replaying recorded ones)."""
+    from .sparksession import started_session
+
+    del now, progress  # a derived stage's epochs depend on commits, not on clocks
+    keep_epochs = settings.keep_epochs(spec, keep_epochs)
+    ups = upstreams(spec)
+    cp = Checkpoints(store, spec.name)
+    prev = cp.latest()
+    out = Outcome(manifest=prev)
+    if prev is not None:
+        out.repaired = cp.publish(prev)
+    changed: dict[str, set[int]] = {}
+    while len(out.committed) < max_epochs:
+        plan = plan_epoch(store, spec, ups, prev)
+        if plan is None:
+            break
+        computed = None
+        if _needs_compute(plan):
+            spark = started_session(spark)  # in the caller's thread (see `started_session`)
+            computed = _compute(store, spec, ups, plan, spark)
+        m = _commit(store, cp, spec, ups, prev, plan, computed, run_id or new_run_id())
+        run_id = None
+        out.committed.append(m.epoch)
+        out.manifest = prev = m
+        for w, ps in m.changed.items():
+            changed.setdefault(w, set()).update(ps)
+    if out.committed and prev is not None:
+        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
+        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+    return out
+
+
+def records_chunk_of(rows: pa.Table) -> pa.Table:
+    """Upstream result rows as a RECORDS chunk (events.py): each row a record, its time
+    `window_time`, no id, its position its row; so a derived stream is read as a raw one
+    (extract.py: the input's filter, the pipeline's fields, key and checks)."""
+    from .events import ID, REC, ROW, TIME
+
+    arrays = [c.combine_chunks() for c in rows.columns]
+    return pa.table(
+        {
+            TIME: rows[WINDOW_TIME],
+            ID: pa.nulls(rows.num_rows, pa.string()),
+            ROW: pa.array(range(rows.num_rows), pa.int64()),
+            REC: pa.StructArray.from_arrays(arrays, fields=list(rows.schema)),
+        }
+    )
+
+
+def _needs_compute(plan: Planned) -> bool:
+    return plan.w_new > plan.w_prev or bool(plan.changed)
+
+
+def _files(spec: Pipeline, ups: list[Upstream], plan: Planned) -> list[tuple[str, int, str]]:
+    """(input, partition, key) of the upstream files holding records of the windows computed."""
+    size = max(w.size for w in spec.windows)
+    wanted = (
+        [(plan.w_prev - size if plan.w_prev > NEG_INF else NEG_INF, plan.w_new)] if plan.w_new > plan.w_prev else []
+    )
+    wanted += [(lo - size, hi + size) for lo, hi in plan.changed]
+    out = []
+    for u in ups:
+        for p, ref in sorted(plan.refs[u.input.name].items(), key=lambda x: int(x[0])):
+            lo, hi = int(p), int(p) + u.spec.partition
+            if ref.rows and any(lo < b and a < hi for a, b in wanted):
+                out.append((u.input.name, lo, ref.key))
+    return out
+
+
+def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Planned, spark):
+    """The computed windows' rows, per window, from one Spark task that reads the upstream files
+    (their records as the pipeline reads them) and aggregates them with the kernel's code."""
+    from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
+    from .events import ERR, chunk_schema
+    from .extract import pipeline_events
+    from .kernel import _fs, _read_key
+
+    files = _files(spec, ups, plan)
+    readers = {u.input.name: record_spec(spec, u.input) for u in ups}
+    opts, bucket = store.fs_options(), store.bucket
+    schema = chunk_schema(spec).append(pa.field(SEG, pa.string())).append(pa.field(SEQ, pa.int64()))
+
+    def task(batches):
+        for _ in batches:  # the one driving row
+            pass
+        fs = _fs(opts)
+        parts = []
+        for name, p, key in files:
+            t = _read_key(fs, bucket, key, None, [])
+            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
+            ev = pipeline_events(readers[name], records_chunk_of(t), _FAR)
+            good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
+            good = good.append_column(SEG, pa.repeat(pa.scalar(f"{name}.{p}"), good.num_rows))
+            parts.append(good.append_column(SEQ, pa.repeat(pa.scalar(0, pa.int64()), good.num_rows)))
+        events = (
+            pa.concat_tables([x.select(schema.names).cast(schema) for x in parts]) if parts else schema.empty_table()
+        )
+        out = bucket_epoch(spec, events, side_table(spec, {}, None), NEG_INF, INF)
+        keep = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
+        for w in spec.windows:
+            rows = out.get(("out", w.name))
+            if rows is not None and rows.num_rows:
+                keep[("out", w.name)] = rows.filter(plan.computed(rows["window_start"], rows["window_end"]))
+        yield from pack(keep).to_batches()
+
+    packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
+    tables = unpack(packed)[0]
+    n = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
+    rows = {}
+    for w in spec.windows:
+        schema = empty_output(spec, w.name).schema.append(pa.field("retract", pa.bool_()))
+        got = [t.select(schema.names).cast(schema) for t in tables.get(("out", w.name), [])]
+        if got:
+            rows[w.name] = pa.concat_tables(got)
+    return rows, n
+
+
+def _commit(
+    store: ObjectStore,
+    cp: Checkpoints,
+    spec: Pipeline,
+    ups: list[Upstream],
+    prev: Manifest | None,
+    plan: Planned,
+    computed: tuple[dict[str, pa.Table], int] | None,
+    run_id: str,
+) -> Manifest:
+    """Replace the computed windows' rows in the partitions they touch (retracting those that no
+    longer have a row), stage the partitions that changed, then prepare and commit the manifest."""
+    rows_by, n = computed if computed is not None else ({}, 0)
+    outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
+    changed: dict[str, list[int]] = {}
+    size = max(w.size for w in spec.windows) if spec.windows else 0
+    for w in spec.windows:
+        outputs.setdefault(w.name, {})
+        new = rows_by.get(w.name)
+        touched: set[int] = set()
+        if new is not None and new.num_rows:
+            touched |= set(partitions.starts(spec, new["window_end"]).to_pylist())
+        for lo, hi in plan.changed:  # partitions whose fired windows an upstream change can touch
+            touched |= {p for p in partitions.between(spec, lo, hi + size - 1) if str(p) in outputs[w.name]}
+        for p in sorted(touched):
+            prior = outputs[w.name].get(str(p))
+            old = read_file(store, prior)
+            mine = _in_partition(spec, new, p)
+            gone = _retracted(plan, old, mine) if old is not None else None
+            change = (
+                pa.concat_tables([t for t in (mine, gone) if t is not None and t.num_rows])
+                if ((mine is not None and mine.num_rows) or (gone is not None and gone.num_rows))
+                else None
+            )
+            if change is None:
+                continue
+            content = apply_changes(old, change)
+            ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(content), content.num_rows, plan.epoch)
+            if prior is None or prior.sha256 != ref.sha256:
+                outputs[w.name][str(p)] = ref
+                changed.setdefault(w.name, []).append(p)
+        ready = partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups))
+        if ready:
+            changed[w.name] = sorted(set(changed.get(w.name, [])) | set(ready))
+    counts = Counts(events_in=n, counted={w.name: n for w in spec.windows}, late={w.name: 0 for w in spec.windows})
+    manifest = Manifest(
+        pipeline=spec.name,
+        epoch=plan.epoch,
+        previous=prev.epoch if prev else None,
+        run_id=run_id,
+        kind="process",
+        fingerprint=spec.fingerprint(),
+        config=spec.model_dump(mode="json", exclude={"source"}),
+        remap=plan.targets,
+        segments={},
+        segment_watermarks=plan.watermarks,
+        decisions={},
+        watermark=plan.w_new,
+        prev_watermark=plan.w_prev,
+        outputs=outputs,
+        changed={w: sorted(ps) for w, ps in changed.items() if ps},
+        dead_letters=list(prev.dead_letters) if prev else [],
+        counts=counts,
+        totals=(prev.totals if prev else Counts()).add(counts),
+        replay=list(plan.replay),
+        upstream={name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()},
+        created_ms=now_ms(),
+    )
+    cp.prepare(manifest)
+    try:
+        cp.commit(manifest)
+    except CommitConflict:
+        cp.abort(run_id)
+        raise
+    return manifest
+
+
+def _in_partition(spec: Pipeline, rows: pa.Table | None, p: int) -> pa.Table | None:
+    if rows is None or not rows.num_rows:
+        return None
+    return rows.filter(pc.equal(partitions.starts(spec, rows["window_end"]), p))  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _retracted(plan: Planned, old: pa.Table, new: pa.Table | None) -> pa.Table | None:
+    """Retractions of the old rows of computed windows that the computation no longer gives."""
+    if not old.num_rows:
+        return None
+    mine = old.filter(plan.computed(old["window_start"], old["window_end"]))
+    if not mine.num_rows:
+        return None
+    kept = set()
+    if new is not None:
+        kept = set(zip(*(new[c].to_pylist() for c in ("key", "window_start", "window_end")), strict=True))
+    ident = zip(*(mine[c].to_pylist() for c in ("key", "window_start", "window_end")), strict=True)
+    gone = mine.filter(pa.array([i not in kept for i in ident]))
+    if not gone.num_rows:
+        return None
+    return gone.append_column("retract", pa.array([True] * gone.num_rows))

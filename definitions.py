@@ -1,14 +1,18 @@
 """The Dagster code location: Definitions built from the pipeline files.
 
 `WIRE_PIPELINES` (default `pipelines/` beside this file) names the directory of
-pipeline YAML files; it is the only thing read from the environment at import
-time, because it decides what the code location contains. Endpoints and
+pipeline YAML files, and `WIRE_USER_ASSETS` the modules of your own assets to
+add beside them; they are the only things read from the environment at import
+time, because they decide what the code location contains. Endpoints and
 secrets are resolved when resources initialise.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -17,6 +21,7 @@ from assets import build_assets
 from assets.keys import asset_keys, pipeline_tags
 from resources import default_resources
 from sensors import build_schedule, build_sensor, job_name
+from wire_dagster.errors import WireInputError
 from wire_dagster.spec import Pipeline, load_all
 
 
@@ -54,4 +59,34 @@ def build_definitions(directory: Path | None = None, pipelines: list[Pipeline] |
     )
 
 
-defs = build_definitions()
+def user_modules() -> list[str]:
+    """The importable module names `WIRE_USER_ASSETS` lists, comma-separated (none if unset)."""
+    return [m.strip() for m in os.environ.get("WIRE_USER_ASSETS", "").split(",") if m.strip()]
+
+
+def with_user_assets(defs: dg.Definitions, modules: list[str] | None = None) -> dg.Definitions:
+    """`defs` merged with the definitions of your own modules (default: WIRE_USER_ASSETS), as
+    `dagster dev -m` would load each: its module-level `dg.Definitions` if it has one, else every
+    asset, asset check, job, sensor and schedule defined at its top level. Their assets may read a
+    window's committed rows as an input (`assets.wire_window`, the `wire_io_manager` IO manager)."""
+    found = []
+    names = user_modules() if modules is None else modules
+    root = str(Path(__file__).resolve().parent)
+    if names and root not in sys.path:  # as under dagster dev: modules beside this file (examples/) import
+        sys.path.append(root)
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise WireInputError(f"WIRE_USER_ASSETS: cannot import {name!r}: {e}") from e
+        own = [v for v in vars(module).values() if isinstance(v, dg.Definitions)]
+        if own:
+            found += own
+            continue
+        with warnings.catch_warnings():  # Dagster marks this loader "preview"; its behaviour is dagster dev -m's
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            found.append(dg.load_definitions_from_module(module))
+    return dg.Definitions.merge(defs, *found) if found else defs
+
+
+defs = with_user_assets(build_definitions())

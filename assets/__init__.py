@@ -20,11 +20,11 @@ import base64
 
 import dagster as dg
 
-from resources import ObjectStoreResource, SparkResource
+from resources import IO_MANAGER_KEY, ObjectStoreResource, SparkResource
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import format_duration, iso
 
-from .keys import BACKFILL_PROGRESS, dead_letter_key, is_backfill, pipeline_tags, window_key
+from .keys import BACKFILL_PROGRESS, WireWindow, dead_letter_key, is_backfill, pipeline_tags, window_key, wire_window
 from .metadata import (
     CODE_VERSION_TAG,
     DATA_VERSION_TAG,
@@ -37,6 +37,8 @@ from .metadata import (
     window_metadata,
 )
 from .partitions import partition_key, partitions_def, run_partitions
+
+__all__ = ["WireWindow", "build_assets", "wire_window"]
 
 
 def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
@@ -52,6 +54,9 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
             metadata={"wire/window": w.name, "wire/type": w.type},
             skippable=True,  # a range run reports its partitions with AssetMaterialization events
         )
+        # Downstream assets load a window's committed rows through Wire's IO manager. It never
+        # writes: a MaterializeResult without a value does not reach handle_output.
+        .with_io_manager_key(IO_MANAGER_KEY)
         for w in spec.windows
     ]
     specs.append(

@@ -2,14 +2,47 @@
 
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
 
 import dagster as dg
 
-from wire_dagster.spec import Pipeline
+from wire_dagster.spec import Pipeline, WindowSpec, find_pipeline, pipelines_dir
+
+from .partitions import partitions_def as pipeline_partitions
 
 
 def window_key(spec: Pipeline, window: str) -> dg.AssetKey:
     return dg.AssetKey([spec.name, window])
+
+
+@dataclass(frozen=True)
+class WireWindow:
+    """A Wire window as a downstream asset sees it: `key` for `dg.AssetIn`/`deps`, and the
+    pipeline's event-time `partitions_def` (give it to an asset to get one partition of yours
+    per partition of the window)."""
+
+    spec: Pipeline
+    window: WindowSpec
+
+    @property
+    def key(self) -> dg.AssetKey:
+        return window_key(self.spec, self.window.name)
+
+    @property
+    def partitions_def(self) -> dg.TimeWindowPartitionsDefinition:
+        return pipeline_partitions(self.spec)
+
+
+def wire_window(pipeline: str | Pipeline, window: str) -> WireWindow:
+    """The window `window` of `pipeline`: a Pipeline, a YAML path, or a pipeline name looked up in
+    WIRE_PIPELINES (default: the project's `pipelines/`, as the code location does). Its asset
+    loads through Wire's IO manager (`wire_io_manager`): see README, "Using a window in your own asset"."""
+    if isinstance(pipeline, Pipeline):
+        spec = pipeline
+    else:
+        spec = find_pipeline(pipeline, pipelines_dir(str(Path(__file__).resolve().parent.parent / "pipelines")))
+    return WireWindow(spec, spec.window(window))
 
 
 def dead_letter_key(spec: Pipeline) -> dg.AssetKey:

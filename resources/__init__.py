@@ -7,12 +7,18 @@ with typed create-if-absent errors (the commit protocol rests on it).
 `dagster-pyspark`'s PySparkResource builds a classic session from a config dict
 only; Wire's session factory also attaches to Spark Connect (`WIRE_SPARK_REMOTE`),
 so the Spark resource wraps that factory instead.
+
+`wire_io_manager` (io_manager.py) loads a window's committed rows into downstream assets.
 """
 
 import dagster as dg
 from pydantic import Field
 
 from wire_dagster.objectstore import ObjectStore, S3Config
+
+from .io_manager import IO_MANAGER_KEY, WireIOManager
+
+__all__ = ["IO_MANAGER_KEY", "ObjectStoreResource", "SparkResource", "WireIOManager", "default_resources"]
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
@@ -52,4 +58,4 @@ def default_resources() -> dict:
         access_key=dg.EnvVar("WIRE_S3_ACCESS_KEY"),
         secret_key=dg.EnvVar("WIRE_S3_SECRET_KEY"),
     )
-    return {"wire_store": store, "wire_spark": SparkResource()}
+    return {"wire_store": store, "wire_spark": SparkResource(), IO_MANAGER_KEY: WireIOManager(store=store)}

@@ -80,6 +80,9 @@ PIPELINE = {
 START_TIMEOUT = 240  # dagster dev (three Python processes) and the Connect JVM on a loaded machine
 SETTLE_TIMEOUT = 360  # the sensor's runs, one at a time
 ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
+# The code location's WIRE_USER_ASSETS module (definitions.py), in the stack's `user_code` directory
+# on dagster dev's PYTHONPATH: empty (no assets) until a test writes its own (Stack.add_user_assets).
+USER_MODULE = "wire_stack_user_assets"
 
 
 def group_gone(pgid: int) -> bool:
@@ -255,6 +258,12 @@ class Stack:
     # ------------------------------------------------------------------ more pipelines, runs from inside
     # For tests that bring a pipeline of their own into the running stack (test_e2e_kill.py);
     # the stack's own pipeline, NAME, is left as it is.
+    def add_user_assets(self, pipeline: dict, source: str):
+        """Write `source` as the code location's user-assets module (USER_MODULE), then add
+        `pipeline` (whose windows it may read) and reload the location: see add_pipeline."""
+        (self.tmp / "user_code" / f"{USER_MODULE}.py").write_text(source)
+        return self.add_pipeline(pipeline)
+
     def add_pipeline(self, pipeline: dict):
         """Write `pipeline` into the stack's WIRE_PIPELINES directory, reload the code location
         (GraphQL `reloadRepositoryLocation`, as the UI's Reload button) and return its loaded
@@ -363,11 +372,12 @@ def partition_ms(pk: str) -> int:
     return int(datetime.strptime(pk, "%Y-%m-%d-%H:%M").replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
+def start(s3_server, tmp: Path, remote: str | None = None, storage: dict | None = None) -> Stack:
     """Start everything, produce and close the stream, wait for the sensor's runs to settle.
 
     `remote`: a running Spark Connect server to attach the runs to (the session's, when there
-    is one); otherwise one is started here for the stack."""
+    is one); otherwise one is started here for the stack. `storage`: a dagster.yaml `storage:`
+    section for the instance in place of SQLite (devstack.instance_yaml), e.g. PostgreSQL."""
     from wire_dagster.devstack import dagster_dev_command, ensure_dagster_home
     from wire_dagster.objectstore import ObjectStore
     from wire_dagster.spec import load_pipeline
@@ -378,17 +388,23 @@ def start(s3_server, tmp: Path, remote: str | None = None) -> Stack:
     store.ensure_bucket()
     pdir = tmp / "pipelines"
     pdir.mkdir()
+    (tmp / "user_code").mkdir()
+    (tmp / "user_code" / f"{USER_MODULE}.py").write_text('"""No user assets yet."""\n')
     (pdir / f"{NAME}.yaml").write_text(yaml.safe_dump(PIPELINE))
     spec = load_pipeline(pdir / f"{NAME}.yaml")
     with pytest.MonkeyPatch.context() as mp:  # ensure_dagster_home also exports DAGSTER_HOME: not for this process
         mp.delenv("DAGSTER_HOME", raising=False)
-        home = ensure_dagster_home(tmp / "dagster-home")
+        home = ensure_dagster_home(tmp / "dagster-home", storage=storage)
     assert "QueuedRunCoordinator" in (home / "dagster.yaml").read_text()
     stack = Stack(tmp, cfg.export_env(), store, spec, make_events(), free_port(), home)
 
     dev_env = clean_env()
     dev_env.update(stack.s3_env)
     dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_TICK_LOG_LEVEL="INFO")
+    dev_env.update(
+        WIRE_USER_ASSETS=USER_MODULE,
+        PYTHONPATH=os.pathsep.join([str(tmp / "user_code"), *filter(None, [dev_env.get("PYTHONPATH")])]),
+    )
     dev = Proc(
         "dagster-dev",
         dagster_dev_command(stack.port),

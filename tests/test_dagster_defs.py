@@ -93,7 +93,7 @@ def test_defs_can_load(tmp_path: Path) -> None:
     }
     assert set(got["schedules"]) == {f"{s.name}_schedule" for s in specs}
     assert all(v[0] in got["jobs"] and v[2] == "DefaultScheduleStatus.STOPPED" for v in got["schedules"].values())
-    assert got["resources"] == ["wire_spark", "wire_store"]
+    assert got["resources"] == ["wire_io_manager", "wire_spark", "wire_store"]
     assert got["validated"] is True, "dagster 1.13 has Definitions.validate_loadable"
     assert got["secret_reads"] == [], f"definitions read {got['secret_reads']} at import time"
 

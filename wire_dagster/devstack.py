@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from .embedded import EmbeddedS3, default_home
 from .errors import WireInputError
 from .sparkserver import EmbeddedSpark
@@ -70,18 +72,25 @@ event_log_storage:
 """
 
 
-def instance_yaml(home: Path) -> str:
-    """The dagster.yaml of a project-local instance in directory `home`."""
+def instance_yaml(home: Path, storage: dict | None = None) -> str:
+    """The dagster.yaml of a project-local instance in directory `home`: SQLite storage under it,
+    or, given `storage` (the mapping of a dagster.yaml `storage:` section, e.g. docker/dagster.yaml's
+    PostgreSQL one, whose `env:` references Dagster resolves when it loads the instance), that
+    storage with the rest of the same instance config."""
+    if storage is not None:
+        header = "# Written by Wire: a project-local Dagster instance with the storage below.\n"
+        return header + INSTANCE_YAML.partition("\n")[2] + yaml.safe_dump({"storage": storage}, sort_keys=False)
     return INSTANCE_YAML + EVENT_LOG_YAML.format(base_dir=json.dumps(str(Path(home).resolve() / "history" / "runs")))
 
 
-def ensure_dagster_home(path: Path | None = None) -> Path:
-    """DAGSTER_HOME (or `path`, else `<WIRE_HOME>/dagster`), created with Wire's instance config."""
+def ensure_dagster_home(path: Path | None = None, storage: dict | None = None) -> Path:
+    """DAGSTER_HOME (or `path`, else `<WIRE_HOME>/dagster`), created with Wire's instance config
+    (`storage`: see instance_yaml)."""
     d = Path(path or os.environ.get("DAGSTER_HOME") or default_home() / "dagster").resolve()
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "dagster.yaml"
     if not cfg.exists():
-        cfg.write_text(instance_yaml(d))
+        cfg.write_text(instance_yaml(d, storage))
     os.environ["DAGSTER_HOME"] = str(d)
     return d
 

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: setup demo test test-long lint bench java chromium clean lock
+.PHONY: setup demo test test-long lint bench java chromium postgresql clean lock
 
 setup: $(STAMP)
 
@@ -27,11 +27,20 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's PostgreSQL server binaries (initdb, pg_ctl, postgres) for the test that runs Dagster's
+# storage on a real PostgreSQL (tests/test_e2e_postgres.py); the test starts its own server on
+# loopback with a data directory of its own, never the system's cluster.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing Debian's postgresql for the PostgreSQL storage test"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; }
+
 demo: setup
 	$(BIN)/wire demo
 
 # Lint first: a formatting, lint or type error fails `make test` (and CI) in seconds.
-test: setup chromium lint
+test: setup chromium postgresql lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # Format, lint and type-check the whole tree (rules in pyproject.toml).
@@ -42,7 +51,7 @@ lint: setup
 
 # The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS; WIRE_FAULT_*: the flaky-network
 # test's seeds, fault rates, events per segment and the outage after a lost commit marker's answer).
-test-long: setup chromium lint
+test-long: setup chromium postgresql lint
 	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 WIRE_FAULT_SEEDS=3 WIRE_FAULT_RATES=0.06,0.1 WIRE_FAULT_EVENTS=4000 \
 	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider
 

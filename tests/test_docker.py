@@ -13,6 +13,7 @@ import copy
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -26,6 +27,8 @@ DAGSTER_YAML = DOCKER / "dagster.yaml"
 WORKSPACE_YAML = DOCKER / "workspace.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
 README = DOCKER / "README.md"
+LOCK = ROOT / "requirements.lock"
+PYPROJECT = ROOT / "pyproject.toml"
 
 EXPECTED_SERVICES = {
     "minio",
@@ -33,6 +36,7 @@ EXPECTED_SERVICES = {
     "postgres",
     "spark-master",
     "spark-worker",
+    "spark-connect",
     "code-location",
     "webserver",
     "daemon",
@@ -58,6 +62,20 @@ DAGSTER_ENV = {
     "DAGSTER_PG_DB": None,
 }
 TAG_LIMIT = {"key": "wire/pipeline", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+# What the build context (the repository root) must leave out: ~2 GB of .venv, local state,
+# version control, caches, test output, and docker/.env with the stack's secrets.
+MUST_IGNORE = (
+    ".venv/bin/python",
+    ".wire/s3/data",
+    ".git/HEAD",
+    "test-artifacts/browser.png",
+    "wire_dagster/__pycache__/spec.cpython-311.pyc",
+    ".pytest_cache/v/cache",
+    ".ruff_cache/CACHEDIR.TAG",
+    ".hypothesis/examples/x",
+    "wire_dagster.egg-info/PKG-INFO",
+    "docker/.env",
+)
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?msg}, ${VAR?msg}, ${VAR:+alt};
 # `$${...}` is compose's escape for a literal `${...}` and is not a variable.
@@ -355,6 +373,174 @@ def env_example_entries(text: str) -> dict[str, tuple[str, list[str]]]:
     return entries
 
 
+def dockerignore_patterns(text: str) -> list[tuple[bool, re.Pattern[str]]]:
+    """(is an exception `!`, regex) of each line of a .dockerignore, in order. Docker's rules: a
+    `#` starts a comment only at the start of a line, a leading `/` is dropped, `*` and `?` stay
+    within one path element, `**` spans any number of them."""
+    patterns = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line[1:].strip() if negate else line
+        pattern = str(PurePosixPath(pattern.lstrip("/")))
+        out, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out, i = out + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                out, i = out + ".*", i + 2
+            elif pattern[i] == "*":
+                out, i = out + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                out, i = out + "[^/]", i + 1
+            elif pattern[i] == "[" and "]" in pattern[i:]:
+                j = pattern.index("]", i)
+                out, i = out + pattern[i : j + 1], j + 1
+            else:
+                out, i = out + re.escape(pattern[i]), i + 1
+        patterns.append((negate, re.compile(out + r"\Z")))
+    return patterns
+
+
+def dockerignored(path: str, patterns: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    """True if `path` (relative to the build context) stays out of the context: the last pattern
+    matching it or one of its parent directories decides."""
+    parts = PurePosixPath(path).parts
+    candidates = ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
+    ignored = False
+    for negate, regex in patterns:
+        if any(regex.match(c) for c in candidates):
+            ignored = not negate
+    return ignored
+
+
+def dockerignore_problems(text: str, context: Path, copied: list[str]) -> list[str]:
+    """What is wrong with the build context's .dockerignore `text`: something heavy or secret
+    kept in the context, or a file the Dockerfile COPYs (`copied`, context-relative) left out."""
+    patterns = dockerignore_patterns(text)
+    problems = [
+        f"{path} is not excluded from the build context" for path in MUST_IGNORE if not dockerignored(path, patterns)
+    ]
+    for source in copied:
+        bases = list(context.glob(source)) if any(ch in source for ch in "*?[") else [context / source]
+        files = [f for b in bases for f in ([b] if b.is_file() else b.rglob("*")) if f.is_file()]
+        for f in files:
+            rel = f.relative_to(context).as_posix()
+            if "__pycache__" in rel.split("/") or rel.endswith((".pyc", ".pyo")):
+                continue
+            if dockerignored(rel, patterns):
+                problems.append(f"COPY {source}: {rel} is excluded by .dockerignore")
+    return problems
+
+
+def shell_commands(script: str) -> list[list[str]]:
+    """The simple commands of a RUN's shell script (split at `&&`, `||`, `;`, `|` outside quotes)."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in ("&&", "||", ";", "|", "&"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [c for c in commands if c]
+
+
+def pip_installs(instructions: list[tuple[str, str]]) -> list[tuple[int, list[str], str]]:
+    """(instruction index, arguments after `pip install`, the whole RUN) of every pip install
+    (`pip`, `pip3`, `python -m pip`)."""
+    found = []
+    for index, (word, args) in enumerate(instructions):
+        if word != "RUN":
+            continue
+        for tokens in shell_commands(args):
+            for i, token in enumerate(tokens[:-1]):
+                if token in ("pip", "pip3") and tokens[i + 1] == "install":
+                    found.append((index, tokens[i + 2 :], args))
+                    break
+    return found
+
+
+def install_problems(text: str, packages: list[str], modules: list[str]) -> list[str]:
+    """Whether the Dockerfile installs every version from requirements.lock (pip constraints, the
+    lock COPYed first) and whether every package and module pyproject.toml names exists (COPYed
+    or a stand-in created in the same RUN) when the project itself is installed."""
+    problems: list[str] = []
+    instructions = dockerfile_instructions(text)
+    copied_at: dict[str, int] = {}
+    for index, (word, args) in enumerate(instructions):
+        if word == "COPY":
+            flags, sources, _dest = copy_args(args)
+            if "from" not in flags:
+                for source in sources:
+                    copied_at.setdefault(source.rstrip("/"), index)
+                    if any(ch in source for ch in "*?["):  # `pkg/*.py` brings the package directory
+                        copied_at.setdefault(re.split(r"/[^/]*[*?[]", source)[0], index)
+    installs = pip_installs(instructions)
+    if not installs:
+        problems.append("no pip install at all")
+    for index, args, run in installs:
+        shown = "pip install " + " ".join(args)
+        if "--no-deps" not in args:
+            constrained = any(
+                (a in ("-c", "--constraint") and args[i + 1 : i + 2] == ["requirements.lock"])
+                or a in ("-c=requirements.lock", "--constraint=requirements.lock", "-crequirements.lock")
+                for i, a in enumerate(args)
+            )
+            if not constrained:
+                problems.append(f"`{shown}` does not install from requirements.lock (-c requirements.lock)")
+            elif copied_at.get("requirements.lock", len(instructions)) > index:
+                problems.append(f"`{shown}`: requirements.lock is not COPYed before it")
+        if "." in args or "./" in args:
+            wanted = [(p, f"{p}/__init__.py") for p in packages] + [(f"{m}.py", f"{m}.py") for m in modules]
+            for name, stand_in in wanted:
+                if copied_at.get(name, len(instructions)) > index and not re.search(
+                    rf"(?<![\w/]){re.escape(stand_in)}(?![\w/])", run
+                ):
+                    problems.append(f"`{shown}`: {name} is neither COPYed before it nor a stand-in in its RUN")
+    return problems
+
+
+def interpolate_unset(value: str) -> str:
+    """`value` as compose interpolates it with none of its variables set (their defaults)."""
+    return VAR_RE.sub(lambda m: m.group(3) or "" if m.group(2) in ("-", ":-") else "", value)
+
+
+def spark_connect_problems(compose: dict) -> list[str]:
+    """Whether the runs attach to the stack's Spark Connect server by default: WIRE_SPARK_REMOTE of
+    the Dagster services defaults to sc://<service>:<port> of a service that always runs (no
+    profile) and serves Spark Connect on that port, and the code location (where the runs start)
+    waits for it."""
+    problems: list[str] = []
+    services: dict = compose.get("services") or {}
+    for name in DAGSTER_SERVICES:
+        if name not in services:
+            continue
+        raw = env_of(services[name]).get("WIRE_SPARK_REMOTE")
+        url = interpolate_unset(raw or "")
+        match = re.fullmatch(r"sc://([A-Za-z0-9_.-]+):(\d+)", url)
+        if not match:
+            problems.append(f"service {name!r}: WIRE_SPARK_REMOTE defaults to {url!r}, not a Spark Connect URL")
+            continue
+        host, port = match.group(1), match.group(2)
+        server = services.get(host)
+        if server is None:
+            problems.append(f"service {name!r}: WIRE_SPARK_REMOTE names {host!r}, which is not a service")
+            continue
+        if "profiles" in server:
+            problems.append(f"service {host!r} only runs in profile(s) {server['profiles']}: not a default")
+        command = " ".join(map(str, server.get("command") or []))
+        if "start-connect-server" not in command:
+            problems.append(f"service {host!r} does not start a Spark Connect server")
+        if f"spark.connect.grpc.binding.port={port}" not in command:
+            problems.append(f"service {host!r} does not serve Spark Connect on port {port}")
+        if name == "code-location" and host not in depends_on_names(services[name]):
+            problems.append(f"service 'code-location' does not depend on {host!r}")
+    return list(dict.fromkeys(problems))
+
+
 def find_command_option(command: list | str, *options: str) -> str | None:
     tokens = shlex.split(command) if isinstance(command, str) else [str(t) for t in command]
     for i, token in enumerate(tokens[:-1]):
@@ -444,7 +630,7 @@ def test_env_example_defaults_match_compose_defaults():
     entries = env_example_entries(ENV_EXAMPLE.read_text())
     for name, uses in variables_in(load_compose()).items():
         for op, arg in uses:
-            if op == ":-":
+            if op in (":-", "-"):
                 assert entries[name][0] == arg, (name, entries[name][0], arg)
 
 
@@ -494,6 +680,33 @@ def test_project_image_is_built_from_the_repository_root():
         context, dockerfile = build_context(service)
         assert context == ROOT, (name, context)
         assert dockerfile == DOCKERFILE, (name, dockerfile)
+
+
+def test_runs_attach_to_spark_connect_by_default():
+    compose = load_compose()
+    assert spark_connect_problems(compose) == []
+    # A copy of .env.example keeps the default; an empty value switches Spark Connect off (so `-`,
+    # which keeps an empty value, not `:-`, which would replace it by the default).
+    entries = env_example_entries(ENV_EXAMPLE.read_text())
+    default = interpolate_unset(env_of(compose["services"]["code-location"])["WIRE_SPARK_REMOTE"] or "")
+    assert entries["WIRE_SPARK_REMOTE"][0] == default == "sc://spark-connect:15002"
+    assert {op for op, _ in variables_in(compose)["WIRE_SPARK_REMOTE"]} == {"-"}
+
+
+def test_spark_connect_helper_reports_an_optional_server():
+    compose = copy.deepcopy(load_compose())
+    services = compose["services"]
+    services["spark-connect"]["profiles"] = ["connect"]
+    services["code-location"]["depends_on"].pop("spark-connect")
+    services["daemon"]["environment"]["WIRE_SPARK_REMOTE"] = "${WIRE_SPARK_REMOTE:-}"
+    services["webserver"]["environment"]["WIRE_SPARK_REMOTE"] = "sc://spark-master:15002"
+
+    problems = "\n".join(spark_connect_problems(compose))
+
+    assert "service 'spark-connect' only runs in profile(s) ['connect']" in problems
+    assert "service 'code-location' does not depend on 'spark-connect'" in problems
+    assert "service 'daemon': WIRE_SPARK_REMOTE defaults to ''" in problems
+    assert "service 'spark-master' does not start a Spark Connect server" in problems
 
 
 # --------------------------------------------------------------------------
@@ -558,6 +771,107 @@ def test_dockerfile_installs_what_the_instance_needs():
     assert copies["pipelines/"].rstrip("/") in ("pipelines", "/opt/wire/pipelines")
 
 
+def pyproject_layout() -> tuple[list[str], list[str]]:
+    """(packages, py-modules) that pyproject.toml installs."""
+    tool = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]
+    return list(tool.get("packages", [])), list(tool.get("py-modules", []))
+
+
+def copied_sources(text: str) -> list[str]:
+    """Context paths the Dockerfile COPYs or ADDs (not from another stage or image)."""
+    out = []
+    for word, args in dockerfile_instructions(text):
+        if word in ("COPY", "ADD"):
+            flags, sources, _dest = copy_args(args)
+            if "from" not in flags:
+                out += [src for src in sources if not re.match(r"^[a-z]+://", src)]
+    return out
+
+
+def test_dockerfile_installs_from_the_lock():
+    """Every version in the image is requirements.lock's (the versions `make` installs and the
+    tests ran), and the project's install finds every package pyproject.toml names."""
+    packages, modules = pyproject_layout()
+    assert install_problems(DOCKERFILE.read_text(), packages, modules) == []
+
+
+def test_install_helper_reports_floating_versions_and_missing_packages():
+    broken = "\n".join(
+        [
+            "FROM python:3.11-slim-bookworm",
+            "COPY pyproject.toml ./",
+            "RUN mkdir -p pkg && touch pkg/__init__.py definitions.py && pip install . 'dagster-postgres>=0.29'",
+            "RUN pip install -c requirements.lock extra",
+            "COPY requirements.lock ./",
+            "RUN python -m pip install --constraint requirements.lock other",
+            "COPY pkg/*.py pkg/",
+            "COPY definitions.py ./",
+            "RUN pip install --no-deps .",
+        ]
+    )
+    problems = install_problems(broken, ["pkg", "benchmarks"], ["definitions"])
+    text = "\n".join(problems)
+    assert "`pip install . dagster-postgres>=0.29` does not install from requirements.lock" in text
+    assert "`pip install -c requirements.lock extra`: requirements.lock is not COPYed before it" in text
+    assert "other" not in text  # constrained, the lock COPYed before it
+    assert "--no-deps" not in text.replace("`pip install --no-deps .`: benchmarks", "")  # no versions to pin
+    assert sum("benchmarks is neither COPYed before it nor a stand-in" in p for p in problems) == 2
+    assert "pkg is neither" not in text and "definitions.py is neither" not in text
+
+
+def lock_pins() -> dict[str, str]:
+    """Normalised name -> pinned version in requirements.lock."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
+    return pins
+
+
+def test_lock_pins_the_postgres_storage_that_is_installed():
+    """dagster-postgres (docker/dagster.yaml's storage; the test extra installs it for
+    tests/test_e2e_postgres.py) and its psycopg2 are pinned, match the pinned dagster, and are
+    the versions installed here."""
+    from importlib.metadata import requires, version
+
+    pins = lock_pins()
+    assert {"dagster-postgres", "psycopg2-binary"} <= set(pins), "dagster-postgres/psycopg2-binary not in the lock"
+    assert version("dagster-postgres") == pins["dagster-postgres"]
+    assert version("psycopg2-binary") == pins["psycopg2-binary"]
+    needs = [r.replace(" ", "") for r in requires("dagster-postgres") or [] if "extra ==" not in r]
+    assert f"dagster=={pins['dagster']}" in needs, needs
+    extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["test"]
+    assert any(re.match(r"dagster-postgres\b", r) for r in extra), "dagster-postgres is not in the test extra"
+
+
+def test_dockerignore_keeps_the_build_context_small():
+    """The build context is the repository root: its .dockerignore leaves out the ~2 GB .venv,
+    local state, .git, caches, test output and docker/.env, and nothing the Dockerfile COPYs."""
+    context, dockerfile = build_context(load_compose()["services"]["code-location"])
+    ignore = context / ".dockerignore"
+    assert ignore.is_file(), f"no .dockerignore at the build context's root {context}"
+    assert dockerignore_problems(ignore.read_text(), context, copied_sources(dockerfile.read_text())) == []
+
+
+def test_dockerignore_helpers_follow_dockers_rules():
+    patterns = dockerignore_patterns("# a comment\n/build\n**/__pycache__\ndocs/*.md\n!docs/keep.md\nx # y\n")
+    assert dockerignored("build/lib/a.py", patterns) and not dockerignored("src/build", patterns)
+    assert dockerignored("a/b/__pycache__/c.pyc", patterns) and dockerignored("__pycache__/c.pyc", patterns)
+    assert dockerignored("docs/a.md", patterns) and not dockerignored("docs/keep.md", patterns)
+    assert not dockerignored("docs/sub/a.md", patterns)  # `*` stays within one path element
+    assert dockerignored("x # y", patterns) and not dockerignored("x", patterns)  # no trailing comments
+
+    problems = "\n".join(
+        dockerignore_problems(".venv\n**/*.py\n!definitions.py\n", ROOT, ["wire_dagster/", "definitions.py"])
+    )
+    assert ".git/HEAD is not excluded from the build context" in problems
+    assert "docker/.env is not excluded from the build context" in problems
+    assert ".venv/bin/python" not in problems
+    assert "COPY wire_dagster/: wire_dagster/spec.py is excluded by .dockerignore" in problems
+    assert "COPY definitions.py" not in problems
+
+
 # --------------------------------------------------------------------------
 # dagster.yaml and workspace.yaml
 # --------------------------------------------------------------------------
@@ -583,6 +897,17 @@ def test_dagster_yaml_names_postgres_storage_and_the_tag_limit():
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
     assert config["run_launcher"]["class"] == "DefaultRunLauncher"
     assert TAG_LIMIT in tag_limits(config)
+
+
+def test_dagster_yaml_names_the_installed_postgres_driver():
+    """SQLAlchemy 2.1 reads a bare `postgresql://` as psycopg 3; dagster-postgres brings psycopg2,
+    so the storage names it, and SQLAlchemy resolves that scheme to it here."""
+    from sqlalchemy.engine import make_url
+
+    db = yaml.safe_load(DAGSTER_YAML.read_text())["storage"]["postgres"]["postgres_db"]
+    assert db.get("scheme") == "postgresql+psycopg2"
+    assert make_url(f"{db['scheme']}://u@h/d").get_dialect().driver == "psycopg2"
+    import psycopg2  # noqa: F401  (installed with dagster-postgres, the test extra)
 
 
 def test_workspace_yaml_points_at_the_code_location():
@@ -640,8 +965,8 @@ def test_dagster_yaml_passes_dagsters_instance_schema(tmp_path, dagster_env):
 
 def test_dagster_instance_builds_queue_and_launcher(tmp_path):
     """The instance this file describes, with SQLite in place of PostgreSQL
-    (dagster-postgres is an image-only dependency): the run coordinator and
-    the launcher load, and the queue carries the per-pipeline limit."""
+    (no PostgreSQL server here; tests/test_e2e_postgres.py starts one): the run
+    coordinator and the launcher load, and the queue carries the per-pipeline limit."""
     pytest.importorskip("dagster")
     from dagster import DagsterInstance, DefaultRunLauncher, QueuedRunCoordinator
 

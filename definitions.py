@@ -21,6 +21,7 @@ from assets import build_assets
 from assets.keys import asset_keys, pipeline_tags
 from resources import default_resources
 from sensors import build_schedule, build_sensor, job_name
+from wire_dagster.derived import check_graph
 from wire_dagster.errors import WireInputError
 from wire_dagster.spec import Pipeline, load_all
 
@@ -34,7 +35,10 @@ def build_definitions(directory: Path | None = None, pipelines: list[Pipeline] |
     """The definitions of `pipelines`, else of the pipeline files in `directory` (or the one file
     it names: `wire tick --pipeline ./x.yaml`), else of WIRE_PIPELINES. Two files declaring one
     pipeline name are refused with a WireInputError naming both (not Dagster's duplicate asset key)."""
-    specs = pipelines if pipelines is not None else load_all(directory or pipelines_directory())
+    source = directory or pipelines_directory()
+    specs = pipelines if pipelines is not None else load_all(source)
+    if pipelines is None and source.is_dir():
+        check_graph(specs)  # derived inputs name pipelines and windows of this location; no cycle
     assets, jobs, sensors, schedules = [], [], [], []
     for spec in specs:
         assets.append(build_assets(spec))

@@ -45,6 +45,13 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
     """One multi-asset per pipeline: every window of one epoch is computed by the same Spark job."""
     pdef = partitions_def(spec)
     group = spec.name.replace("-", "_")
+    # A stage over other pipelines' windows (derived streams) depends on them in the asset graph:
+    # lineage is the dataflow; a partition maps to the upstream partitions of the same event time.
+    upstream = [
+        dg.AssetDep(dg.AssetKey([i.pipeline, i.output]), partition_mapping=dg.TimeWindowPartitionMapping())
+        for i in spec.derived
+        if i.pipeline and i.output
+    ]
     specs = [
         dg.AssetSpec(
             window_key(spec, w.name),
@@ -52,6 +59,7 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
             group_name=group,
             kinds={"spark", "s3"},
             metadata={"wire/window": w.name, "wire/type": w.type},
+            deps=upstream,
             skippable=True,  # a range run reports its partitions with AssetMaterialization events
         )
         # Downstream assets load a window's committed rows through Wire's IO manager. It never
@@ -103,7 +111,12 @@ def build_assets(spec: Pipeline) -> dg.AssetsDefinition:
         op_tags=pipeline_tags(spec),
         # A backfill of N partitions is one run: the timeline is replayed once, not N times.
         backfill_policy=dg.BackfillPolicy.single_run(),
-        description=f"Event-time windows of pipeline {spec.name} over stream {spec.stream}",
+        description=f"Event-time windows of pipeline {spec.name} over "
+        + (
+            ", ".join(f"{i.pipeline}.{i.output}" for i in spec.derived)
+            if spec.derived
+            else "stream(s) " + ", ".join(sorted({r.stream for r in spec.readers.values()}))
+        ),
     )
     def _windows(context: dg.AssetExecutionContext, wire_store: ObjectStoreResource, wire_spark: SparkResource):
         from wire_dagster.sparksession import LazySession, preload_client

@@ -92,6 +92,36 @@ def _no_cycle(origin: str, spec: Pipeline, where: Path, path: list[str]) -> None
         _no_cycle(origin, up, where, [*path, up.name])
 
 
+def check_graph(specs: list[Pipeline]) -> None:
+    """The dataflow of a set of pipelines (a code location): every derived input names a
+    pipeline of the set and one of its windows, and no pipeline depends on itself; one line
+    naming the first that does not."""
+    by_name = {s.name: s for s in specs}
+    for spec in specs:
+        for inp in spec.derived:
+            up = by_name.get(inp.pipeline or "")
+            if up is None:
+                raise WireInputError(
+                    f"pipeline {spec.name!r}: inputs.{inp.name}.pipeline names {inp.pipeline!r}, which no "
+                    f"pipeline file declares ({spec.source})"
+                )
+            if not any(w.name == inp.output for w in up.windows):
+                raise WireInputError(
+                    f"pipeline {spec.name!r}: inputs.{inp.name}.output: pipeline {up.name!r} has no window "
+                    f"{inp.output!r}; choose one of: " + ", ".join(w.name for w in up.windows)
+                )
+    for spec in specs:
+        path = [spec.name]
+        todo = [(spec, path)]
+        while todo:
+            cur, path = todo.pop()
+            for inp in cur.derived:
+                if inp.pipeline in path:
+                    cycle = " -> ".join([*path[path.index(inp.pipeline) :], inp.pipeline][::-1])
+                    raise WireInputError(f"pipelines form a cycle: {cycle}; a dataflow is acyclic")
+                todo.append((by_name[inp.pipeline or ""], [*path, inp.pipeline or ""]))
+
+
 def record_spec(spec: Pipeline, inp: Input) -> Pipeline:
     """The pipeline as it reads derived input `inp`: time `window_time`, no id, the input's key
     and filter (its windows and derived fields are the pipeline's)."""

@@ -132,7 +132,7 @@ def test_a_late_event_upstream_reruns_and_changes_the_downstream_partition(
             dg.AssetRecordsFilter(asset_key=dg.AssetKey(["down", "per_2m"]), asset_partitions=["2026-01-01-00:00"]),
             limit=10,
         ).records
-        versions = [r.asset_materialization.tags["dagster/data_version"] for r in recs]  # pyright: ignore[reportOptionalMemberAccess]
+        versions = [(r.asset_materialization.tags or {})["dagster/data_version"] for r in recs]  # pyright: ignore[reportOptionalMemberAccess]
         assert len(versions) == 2 and versions[0] != versions[1], versions  # newest first
         ref = m.outputs["per_2m"][str(T0)]
         assert versions[0] == hashlib.sha256(store.get(ref.key)).hexdigest()[:32]

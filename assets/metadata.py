@@ -34,7 +34,7 @@ def _common_metadata(report: dict) -> dict:
     return {
         "watermark": report["watermark"],
         "epoch": report["epoch"],
-        "remap": report["remap"],
+        "remap": report["read"],  # `epoch 5: segment 0: chunks 3–5; segment 1: chunk 2` (status.describe_epoch)
         "partition": f"[{report['partition']}, {report['partition_end']})",
         "status": partition_status(report),
     }

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 
@@ -36,6 +38,13 @@ class Fmt(StrEnum):
     table = "table"
     jsonl = "jsonl"
     parquet = "parquet"
+
+
+class PrintFmt(StrEnum):
+    """The formats of a command that prints (no Parquet)."""
+
+    table = "table"
+    jsonl = "jsonl"
 
 
 PIPELINE = typer.Option(..., "--pipeline", "-p", help="Pipeline name (in WIRE_PIPELINES) or path to its YAML file.")
@@ -95,6 +104,32 @@ def _store():
     return st
 
 
+@contextmanager
+def _reading_store() -> Iterator:
+    """The store of a command that only reads (status, read, dlq, diff). With no WIRE_S3_ENDPOINT
+    and the embedded server not running, the server is started for the command (said on stderr:
+    its data is on disk) and stopped when the command ends, not left running behind it."""
+    from .embedded import EmbeddedS3, default_home
+    from .objectstore import S3Config
+
+    started = None
+    if S3Config.from_env() is None:
+        server = EmbeddedS3(default_home() / "s3")
+        if server.config is None:
+            started = server
+            err.print(
+                f"embedded S3 not running: started it from {server.dir} for this command, stopped after it "
+                "(`wire s3 start` keeps it running)",
+                markup=False,
+                highlight=False,
+            )
+    try:
+        yield _store()
+    finally:
+        if started is not None:
+            started.stop()
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -116,16 +151,22 @@ def produce(
         "", "--stream", help="Stream to append to, with the stream's checks only (time and id): shared streams."
     ),
     files: list[Path] = typer.Option(
-        ..., "--file", "-f", help="JSONL or Parquet file of events; repeat for several files."
+        ..., "--file", "-f", metavar="FILE", help="JSONL or Parquet file of events; repeat for several files."
     ),
     segments: list[str] = typer.Option(
         ["0"],
         "--segment",
         "-s",
-        help="Segment to append to ([a-z0-9_-]): one for every file, or one per --file, in order.",
+        metavar="SEGMENT",
+        help="Segment to append to (a name of lowercase letters, digits, _ and -): one for every file, "
+        "or one per --file, in order.",
     ),
     chunk_rows: int = typer.Option(
-        0, "--chunk-rows", help="Rows per chunk (default: the pipeline's limits.chunk_rows)."
+        0,
+        "--chunk-rows",
+        metavar="N",
+        show_default=False,
+        help="Rows per chunk (default: the pipeline's limits.chunk_rows).",
     ),
 ):
     """Append the events of each FILE to a stream as chunks: the pipeline's (--pipeline: records
@@ -241,7 +282,9 @@ def process(
         )
 
 
-VERBOSE = typer.Option(False, "--verbose", "-v", help="Stack traces and Dagster's log on the terminal (WIRE_DEBUG=1).")
+VERBOSE = typer.Option(
+    False, "--verbose", "-v", metavar="", help="Stack traces and Dagster's log on the terminal (WIRE_DEBUG=1)."
+)
 
 
 @app.callback()
@@ -285,29 +328,40 @@ def _tick(spec) -> list[dict]:
 
 
 def _parse_time(value: str | None, flag: str) -> int | None:
-    """An ISO-8601 time for --from/--to (a time without a zone is UTC) -> epoch ms."""
+    """A time for --from/--to -> epoch ms: ISO-8601 (a time without a zone is UTC) or a partition
+    key as the Dagster UI shows it (2026-01-01-00:05, UTC)."""
     if value is None:
         return None
-    from .timeutil import parse_iso
+    from .timeutil import parse_time
 
     try:
-        return parse_iso(value, assume_utc=True)
+        return parse_time(value)
     except ValueError:
-        raise WireInputError(f"{flag}: {value!r} is not an ISO-8601 time (e.g. 2026-01-01T00:00:00Z)") from None
+        raise WireInputError(
+            f"{flag}: {value!r} is neither an ISO-8601 time (e.g. 2026-01-01T00:05:00Z) nor a partition key "
+            "(e.g. 2026-01-01-00:05)"
+        ) from None
 
 
 @app.command()
 def backfill(
     pipeline: str = PIPELINE,
     start: str = typer.Option(
-        None, "--from", help="Event time (ISO-8601; no zone = UTC): first partition to recompute is the one holding it."
+        None,
+        "--from",
+        metavar="TIME",
+        help="Event time (ISO-8601, no zone = UTC; or a partition key such as 2026-01-01-00:05): first partition "
+        "to recompute is the one holding it.",
     ),
     end: str = typer.Option(
         None,
         "--to",
-        help="Event time (ISO-8601; no zone = UTC), exclusive: partitions starting at or after it are left alone.",
+        metavar="TIME",
+        help="Event time (as --from), exclusive: partitions starting at or after it are left alone.",
     ),
-    format: Fmt = typer.Option(Fmt.table, "--format", help="table, or jsonl (one object per partition on stdout)."),
+    format: PrintFmt = typer.Option(
+        PrintFmt.table, "--format", help="table, or jsonl (one object per partition on stdout)."
+    ),
 ):
     """Recompute partitions from the recorded remap through the pipeline's Dagster job, in one run.
 
@@ -318,8 +372,6 @@ def backfill(
     from .backfill import select_partitions
 
     spec = _spec(pipeline)
-    if format == Fmt.parquet:
-        raise WireInputError("--format: backfill prints table or jsonl")
     lo, hi = _parse_time(start, "--from"), _parse_time(end, "--to")
     if lo is not None and hi is not None and lo > hi:
         raise WireInputError(f"--from {start} is after --to {end}")
@@ -328,7 +380,7 @@ def backfill(
     if res["error"] is not None:
         raise res["error"]  # one line naming the cause (-v: Dagster's report)
     rows = res["partitions"]
-    if format == Fmt.jsonl:
+    if format == PrintFmt.jsonl:
         for r in rows:
             sys.stdout.write(
                 json.dumps({k: r[k] for k in ("partition", "result", "epoch", "changed_windows", "windows")}) + "\n"
@@ -363,17 +415,21 @@ def _backfill(spec, parts: list[int]) -> dict:
         return do_backfill(spec, _definitions_of(spec), partitions=parts, console=prog.console, progress=cb)
 
 
-def _results_table(spec, window: str):
+def _results_table(store, spec, window: str):
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from .results import read_results
 
-    t = read_results(_store(), spec, window)
-    for c in ("window_start", "window_end"):
+    t = read_results(store, spec, window)
+    for c in TIME_COLUMNS:
         i = t.schema.get_field_index(c)
         t = t.set_column(i, c, pc.cast(t[c], pa.timestamp("ms", tz="UTC")))
     return t
+
+
+#: The time columns of a window's results (epoch ms; ISO-8601 in jsonl, shortened in tables).
+TIME_COLUMNS = ("window_start", "window_end")
 
 
 def _jsonable(v):
@@ -384,17 +440,9 @@ def _jsonable(v):
     return v
 
 
-def _print_rows(rows: list[dict], cols: list[str], fmt: Fmt, title: str) -> None:
-    if fmt == Fmt.jsonl:
-        for r in rows:
-            sys.stdout.write(json.dumps({c: _jsonable(r.get(c)) for c in cols}) + "\n")
-        return
-    tab = Table(title=title)
-    for c in cols:
-        tab.add_column(c)
+def _write_jsonl(rows: list[dict], cols: list[str]) -> None:
     for r in rows:
-        tab.add_row(*["" if r.get(c) is None else str(_jsonable(r.get(c))) for c in cols])
-    out.print(tab)
+        sys.stdout.write(json.dumps({c: _jsonable(r.get(c)) for c in cols}) + "\n")
 
 
 @app.command()
@@ -404,10 +452,15 @@ def read(
     format: Fmt = typer.Option(Fmt.table, "--format"),
     output: Path = typer.Option(None, "--output", "-o", help="With --format parquet: file to write (default: stdout)."),
 ):
-    """The committed results of a window: key, window_start, window_end, one column per aggregate."""
+    """The committed results of a window: key, window_start, window_end, one column per aggregate.
+
+    The table shortens times (no date when all fall on one day, no milliseconds when all are whole
+    seconds: the caption says which) and floats (10 digits); jsonl and parquet are exact."""
     import pyarrow.parquet as pq
 
-    from .status import written_atomically
+    from .checkpoint import Checkpoints
+    from .results import read_results
+    from .status import empty_result_hint, fit_table, written_atomically
 
     spec = _spec(pipeline)
     spec.window(window)
@@ -416,7 +469,18 @@ def read(
     _check_output(output, "--output")
     if format == Fmt.parquet and output is None and sys.stdout.isatty():
         raise WireInputError("--format parquet: give --output FILE or redirect stdout to a file")
-    t = _results_table(spec, window)
+    with _reading_store() as store:
+        if format == Fmt.table:
+            raw = read_results(store, spec, window)
+            hint = None if raw.num_rows else empty_result_hint(spec, Checkpoints(store, spec.name).latest(), window)
+        else:
+            t = _results_table(store, spec, window)
+    if format == Fmt.table:
+        title = f"{spec.name}/{window} ({raw.num_rows} rows)"
+        out.print(fit_table(title, raw.column_names, raw.to_pylist(), times=TIME_COLUMNS))
+        if hint:
+            out.print(hint, markup=False, highlight=False)
+        return
     if format == Fmt.parquet:
         if output is None:
             pq.write_table(t, sys.stdout.buffer)
@@ -424,61 +488,113 @@ def read(
         with written_atomically(output) as tmp:
             pq.write_table(t, str(tmp))
         return
-    _print_rows(t.to_pylist(), t.column_names, format, f"{spec.name}/{window}")
+    _write_jsonl(t.to_pylist(), t.column_names)
 
 
 @app.command()
-def dlq(pipeline: str = PIPELINE, format: Fmt = typer.Option(Fmt.table, "--format")):
+def dlq(pipeline: str = PIPELINE, format: PrintFmt = typer.Option(PrintFmt.table, "--format")):
     """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position."""
     from .results import read_dead_letters
+    from .status import dead_letter_table
 
     spec = _spec(pipeline)
-    if format == Fmt.parquet:
-        raise WireInputError("--format: dlq prints table or jsonl")
-    rows = read_dead_letters(_store(), spec)
-    _print_rows(
-        rows,
-        ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"],
-        format,
-        f"{spec.name} dead letters",
-    )
+    with _reading_store() as store:
+        rows = read_dead_letters(store, spec)
+    if format == PrintFmt.jsonl:
+        _write_jsonl(rows, ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"])
+        return
+    out.print(dead_letter_table(f"{spec.name}: dead letters of stream {spec.stream} ({len(rows)})", rows))
 
 
 @app.command()
 def status(
     pipeline: str = PIPELINE,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", metavar="", help="Everything below as one JSON object."),
     plot: Path = typer.Option(None, "--plot", help="Write a watermark-lag chart (PNG) here."),
 ):
-    """Watermarks per segment and stream, committed epochs, partitions ready/final, dead letters."""
-    from .status import pipeline_status, plot_watermarks
+    """Watermarks per segment and stream, what each kept epoch read, windows with their state size,
+    partitions ready/final, counts and dead letters."""
+    from .status import fit_table, pipeline_status, plot_watermarks, size_text
 
     spec = _spec(pipeline)
     _check_output(plot, "--plot")
-    store = _store()
-    st = pipeline_status(store, spec)
-    if plot:
-        plot_watermarks(store, spec, plot)
+    with _reading_store() as store:
+        st = pipeline_status(store, spec)
+        if plot:
+            plot_watermarks(store, spec, plot)
     if as_json:
         sys.stdout.write(json.dumps(st, indent=1) + "\n")
         return
-    tab = Table(title=f"{spec.name}: stream {spec.stream}")
-    for c in ("segment", "chunks", "read up to", "max event time", "watermark", "decision"):
-        tab.add_column(c)
-    for s in st["segments"]:
-        tab.add_row(
-            s["segment"], str(s["chunks"]), str(s["next_seq"]), s["max_event_time"], s["watermark"], s["decision"]
-        )
-    out.print(tab)
+    segs = [
+        {
+            "segment": s["segment"],
+            "chunks": s["chunks"],
+            "read up to": s["next_seq"],
+            "max event time": s["max_event_time_ms"],
+            "watermark": s["watermark_ms"],
+            "decision": s["decision"],
+        }
+        for s in st["segments"]
+    ]
+    cols = ["segment", "chunks", "read up to", "max event time", "watermark", "decision"]
+    out.print(fit_table(f"{spec.name}: stream {spec.stream}", cols, segs, times=("max event time", "watermark")))
     out.print(
-        f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch']}   epochs kept: {st['epochs_kept']}"
-    )
-    out.print(
-        f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}   "
+        f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch'] if st['epoch'] else '-'}   "
         f"pending chunks: {st['pending_chunks']}"
     )
-    out.print(f"counts: {st['totals']}")
-    out.print(f"dead letters: {st['dead_letters']}")
+    out.print(f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}")
+    tot = st["totals"] or {}
+    counted, late = tot.get("counted", {}), tot.get("late", {})
+    windows = [
+        {
+            "window": w.name,
+            "type": w.type,
+            "counted": counted.get(w.name, 0),
+            "late": late.get(w.name, 0),
+            "state rows": st["state"].get(w.name, {}).get("rows", 0),
+            "state size": size_text(st["state"].get(w.name, {}).get("bytes", 0)),
+        }
+        for w in spec.windows
+    ]
+    cols = ["window", "type", "counted", "late", "state rows", "state size"]
+    ids = st["ids"]
+    out.print(
+        fit_table(
+            "windows (state: what the last epoch carries forward)",
+            cols,
+            windows,
+            no_wrap=("counted", "late", "state rows", "state size"),
+            caption=f"state {st['state_rows']} rows, {size_text(st['state_bytes'])}; "
+            f"id memory {ids['rows']} ids, {size_text(ids['bytes'])}",
+        )
+    )
+    out.print(
+        f"events in: {tot.get('events_in', 0)} = counted + late (per window) + {tot.get('duplicate', 0)} duplicate "
+        f"+ {tot.get('malformed', 0)} malformed + {tot.get('filtered', 0)} filtered "
+        f"({'balanced' if st['balanced'] else 'NOT balanced'})",
+        markup=False,
+        highlight=False,
+    )
+    dl = st["dead_letters"]
+    late_text = ", ".join(f"{w} {n}" for w, n in dl["late"].items() if n) or "none"
+    out.print(
+        f"dead letters: {dl['malformed']} malformed, {dl['duplicate']} duplicate, late: {late_text}",
+        markup=False,
+        highlight=False,
+    )
+    epochs = [
+        {"epoch": e["epoch"], "kind": e["kind"], "watermark": e["watermark_ms"], "read": e["read"]}
+        for e in st["epochs"]
+    ]
+    out.print(
+        fit_table(
+            f"epochs kept ({len(epochs)}): the chunks each read",
+            ["epoch", "kind", "watermark", "read"],
+            epochs,
+            times=("watermark",),
+            no_wrap=("epoch", "kind"),
+        )
+    )
     if plot:
         out.print(f"watermark chart written to {plot}")
 
@@ -494,6 +610,53 @@ def rewind(
     spec = _spec(pipeline)
     m = do_rewind(_store(), spec, epoch)
     out.print(f"epoch {m.epoch} now points at epoch {epoch}: W = {iso(m.watermark)}, {len(m.replay)} epochs to replay")
+
+
+@app.command()
+def diff(
+    pipeline: str = PIPELINE,
+    from_epoch: int = typer.Option(
+        ..., "--from-epoch", metavar="A", help="Committed epoch to compare from (0: empty)."
+    ),
+    to_epoch: int = typer.Option(..., "--to-epoch", metavar="B", help="Committed epoch to compare to."),
+    window: list[str] = typer.Option(
+        None, "--window", "-w", metavar="WINDOW", help="Only this window (repeatable; default: every window)."
+    ),
+    format: PrintFmt = typer.Option(
+        PrintFmt.table,
+        "--format",
+        help="table: per window the rows added, removed, changed; jsonl: those rows, one object each.",
+    ),
+):
+    """What changed in the committed results from epoch A to epoch B, per window.
+
+    Rows are compared by window identity (key, window_start, window_end): added (only in B), removed
+    (only in A), changed (in both, other aggregates). Partitions whose files are identical in both
+    epochs are not read. Garbage collection keeps the last WIRE_KEEP_EPOCHS epochs: an older one
+    cannot be compared (exit 2). jsonl: {window, change, key, window_start, window_end, before,
+    after} with ISO-8601 times, as `wire read` prints them."""
+    from .diff import diff_epochs
+    from .status import fit_table
+
+    spec = _spec(pipeline)
+    with _reading_store() as store:
+        d = diff_epochs(store, spec, from_epoch, to_epoch, window or None)
+    if format == PrintFmt.jsonl:
+        for r in d.rows():
+            sys.stdout.write(json.dumps(r) + "\n")
+        return
+    out.print(f"from {d.summary(d.from_manifest, from_epoch)}", markup=False, highlight=False)
+    out.print(f"to   {d.summary(d.to_manifest, to_epoch)}", markup=False, highlight=False)
+    rows = [{"window": wd.window, **wd.counts()} for wd in d.windows]
+    out.print(
+        fit_table(
+            f"{spec.name}: rows from epoch {from_epoch} to epoch {to_epoch}",
+            ["window", "added", "removed", "changed", "unchanged", "partitions"],
+            rows,
+            no_wrap=("added", "removed", "changed", "unchanged", "partitions"),
+            caption="partitions: those whose content differs (the rest were not read); rows: --format jsonl",
+        )
+    )
 
 
 @app.command()
@@ -547,8 +710,10 @@ def s3_stop():
     """Stop the embedded S3 server (by its process group)."""
     from .embedded import EmbeddedS3, default_home
 
-    EmbeddedS3(default_home() / "s3").stop()
-    out.print("embedded S3 stopped")
+    server = EmbeddedS3(default_home() / "s3")
+    was_running = server.config is not None
+    server.stop()  # also clears what a dead server left (its pid file, sockets)
+    out.print("embedded S3 stopped" if was_running else f"embedded S3 was not running (in {server.dir})")
 
 
 @spark_app.command("start")
@@ -559,7 +724,9 @@ def spark_start(
     port: int = typer.Option(
         None, "--port", help="Port on 127.0.0.1 for a new server (default: the last one if free, else a free one)."
     ),
-    conf: list[str] = typer.Option(None, "--conf", help="KEY=VALUE Spark setting for a new server (repeatable)."),
+    conf: list[str] = typer.Option(
+        None, "--conf", metavar="KEY=VALUE", help="Spark setting for a new server (repeatable)."
+    ),
 ):
     """Start (or reuse) the embedded Spark Connect server; prints its URL (sc://127.0.0.1:PORT).
 
@@ -583,8 +750,10 @@ def spark_stop():
     from .procgroup import default_home
     from .sparkserver import EmbeddedSpark
 
-    EmbeddedSpark(default_home() / "spark").stop()
-    out.print("embedded Spark stopped")
+    server = EmbeddedSpark(default_home() / "spark")
+    was_running = server.recorded() is not None
+    server.stop()  # also clears a dead server's pid file
+    out.print("embedded Spark stopped" if was_running else f"embedded Spark was not running (in {server.dir})")
 
 
 @spark_app.command("status")
@@ -598,6 +767,22 @@ def spark_status():
         out.print("embedded Spark not running")
         raise typer.Exit(1)
     out.print(url, markup=False, highlight=False)
+
+
+def _one_line_paragraphs(*apps: typer.Typer) -> None:
+    """Typer's rich help keeps the single line breaks of a docstring's later paragraphs, so a
+    paragraph wrapped at 120 columns in the source broke mid-sentence on an 80-column terminal:
+    each paragraph becomes one line of help, which the terminal's width wraps."""
+    import inspect
+
+    for a in apps:
+        for info in a.registered_commands:
+            doc = info.help or (inspect.getdoc(info.callback) if info.callback else None)
+            if doc:
+                info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_one_line_paragraphs(app, s3_app, spark_app)
 
 
 def main(argv: list[str] | None = None) -> int:

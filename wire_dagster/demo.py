@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .embedded import EmbeddedS3, default_home
-from .timeutil import iso
 
 BASE = 1767225600000  # 2026-01-01T00:00:00Z
 USERS = ["ada", "bob", "cy", "dee"]
+TIME_COLUMNS = ("window_start", "window_end")
 
 
 def demo_batches(seed: int = 7) -> list[tuple[str, list[str]]]:
@@ -67,12 +67,10 @@ def demo_batches(seed: int = 7) -> list[tuple[str, list[str]]]:
 
 
 def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
-    from rich.table import Table
-
     from .objectstore import ObjectStore
     from .results import read_dead_letters, read_results
     from .spec import find_pipeline
-    from .status import pipeline_status
+    from .status import dead_letter_table, fit_table, pipeline_status
     from .streams import close_stream, produce
 
     home = default_home()
@@ -119,32 +117,24 @@ def run_demo(console, pipelines: Path, tick: Callable, seed: int = 7) -> None:
             failed = [r for r in runs if r["status"] == "FAILURE"]
             if failed:
                 raise RuntimeError(f"{len(failed)} demo runs failed")
+        # Tables as `wire read` and `wire dlq` print them: they fit 80 columns by wrapping, never by cutting.
         for w in spec.windows:
             t = read_results(store, spec, w.name)
-            tab = Table(title=f"{spec.name}/{w.name} ({t.num_rows} rows; first 12)")
-            for c in t.column_names:
-                tab.add_column(c)
-            for r in t.slice(0, 12).to_pylist():
-                tab.add_row(*[iso(v) if c in ("window_start", "window_end") else str(v) for c, v in r.items()])
-            console.print(tab)
+            title = f"{spec.name}/{w.name} ({t.num_rows} rows; first 12)"
+            console.print(fit_table(title, t.column_names, t.slice(0, 12).to_pylist(), times=TIME_COLUMNS))
         dl = read_dead_letters(store, spec)
-        tab = Table(title=f"dead letters ({len(dl)})")
-        for c in ("reason", "window", "segment", "chunk", "row", "record"):
-            widths = {"reason": 30, "window": 18, "record": 40}
-            tab.add_column(
-                c,
-                overflow="ellipsis",
-                no_wrap=True,
-                max_width=widths.get(c),
-                min_width=3 if c in ("chunk", "row") else None,
-            )
-        for d in dl[:20]:
-            tab.add_row(*[str(d.get(c)) for c in ("reason", "window", "segment", "chunk", "row", "record")])
-        console.print(tab)
+        console.print(dead_letter_table(f"dead letters ({len(dl)}; first 20)", dl[:20]))
         tot = st["totals"]
+
+        def per_window(d: dict) -> str:
+            return ", ".join(f"{w} {n}" for w, n in d.items())
+
         console.print(
-            f"conservation: in={tot['events_in']} counted={tot['counted']} late={tot['late']} "
-            f"duplicate={tot['duplicate']} malformed={tot['malformed']} balanced={st['balanced']}"
+            f"conservation: in={tot['events_in']} counted={per_window(tot['counted'])} "
+            f"late={per_window(tot['late'])} duplicate={tot['duplicate']} malformed={tot['malformed']} "
+            f"balanced={st['balanced']}",
+            markup=False,
+            highlight=False,
         )
         console.print(
             "\nOpen the UI on these runs:\n"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from . import partitions
 from .checkpoint import Checkpoints
@@ -14,7 +15,7 @@ from .manifest import Manifest
 from .objectstore import ObjectStore
 from .spec import Pipeline
 from .streams import read_inputs
-from .timeutil import INF, NEG_INF, iso
+from .timeutil import INF, NEG_INF, format_duration, iso
 
 
 def partition_range(spec: Pipeline, m: Manifest | None) -> list[int]:
@@ -43,6 +44,7 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
                 "pending": len(views[s].chunks) if s in views else 0,
                 "sealed": views[s].sealed_at is not None if s in views else False,
                 "max_event_time": iso(rec.max_t) if rec and rec.max_t > NEG_INF else "-",
+                "max_event_time_ms": rec.max_t if rec and rec.max_t > NEG_INF else None,
                 "watermark": iso(m.segment_watermarks.get(s, NEG_INF)) if m else "-inf",
                 "watermark_ms": m.segment_watermarks.get(s, NEG_INF) if m else NEG_INF,
                 "decision": m.decisions.get(s, "-") if m else "-",
@@ -50,6 +52,22 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
         )
     w = m.watermark if m else NEG_INF
     parts = partition_range(spec, m)
+    epochs = []
+    for n in committed:
+        e = m if m is not None and n == m.epoch else cp.load(n)
+        epochs.append(
+            {
+                "epoch": n,
+                "kind": e.kind,
+                "watermark": iso(e.watermark),
+                "watermark_ms": e.watermark,
+                "chunks": dict(e.chunks),
+                "read": describe_epoch(e),
+            }
+        )
+    state = {
+        name: {"rows": ref.rows, "bytes": ref.bytes} for name, ref in (m.state.items() if m else []) if ref is not None
+    }
     dl = {
         "malformed": m.totals.malformed if m else 0,
         "duplicate": m.totals.duplicate if m else 0,
@@ -61,10 +79,12 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
         "epoch": m.epoch if m else None,
         "run_id": m.run_id if m else None,
         "remap": m.remap if m else {},
+        "read": describe_epoch(m),
         "watermark": iso(w),
         "watermark_ms": w if w < INF else None,
         "closed": w >= INF,
         "epochs_kept": committed,
+        "epochs": epochs,
         "segments": segs,
         "pending_chunks": sum(s["pending"] for s in segs),
         "partitions": {
@@ -74,7 +94,175 @@ def pipeline_status(store: ObjectStore, spec: Pipeline) -> dict:
         "totals": m.totals.model_dump() if m else {},
         "balanced": m.totals.balanced() if m else True,
         "dead_letters": dl,
+        # Window state (open windows, pending firings) and id memory the last epoch carries forward.
+        "state": state,
+        "state_rows": sum(v["rows"] for v in state.values()),
+        "state_bytes": sum(v["bytes"] for v in state.values()),
+        "ids": {"rows": m.ids.rows, "bytes": m.ids.bytes} if m and m.ids else {"rows": 0, "bytes": 0},
     }
+
+
+def _segment_order(s: str) -> tuple[int, int, str]:
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+
+
+def describe_chunks(chunks: Mapping[str, Sequence[int]]) -> str:
+    """What an epoch read, for people: `segment 0: chunks 3–5; segment 1: chunk 2` from a manifest's
+    `chunks` (segment -> [first, last] sequence read), `nothing new` when it read no chunk."""
+    parts = []
+    for s in sorted(chunks, key=_segment_order):
+        seqs = chunks[s]
+        if not seqs:
+            continue
+        first, last = seqs[0], seqs[-1]
+        parts.append(f"segment {s}: chunk {first}" if first == last else f"segment {s}: chunks {first}–{last}")
+    return "; ".join(parts) or "nothing new"
+
+
+def describe_epoch(m: Manifest | None) -> str:
+    """`describe_chunks` of a committed epoch (its remap moved past exactly these chunks); a rewind
+    or a backfill reads nothing and says what it was."""
+    if m is None:
+        return "nothing new"
+    read = describe_chunks(m.chunks)
+    if m.kind == "rewind":
+        return f"{read} (rewind to epoch {m.rewound_to})"
+    if m.kind == "backfill":
+        return f"{read} (backfill)"
+    return read
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: `812 B`, `3.4 kB`, `12.0 MB`."""
+    if n < 1000:
+        return f"{n} B"
+    x = float(n)
+    for unit in ("kB", "MB", "GB"):
+        x /= 1000
+        if x < 999.95:
+            return f"{x:.1f} {unit}"
+    return f"{x / 1000:.1f} TB"
+
+
+# -- tables for an 80-column terminal ------------------------------------------
+
+
+def time_cells(values: Sequence[int | None]) -> tuple[list[str], str]:
+    """Times (epoch ms) for the cells of one table, as short as they stay exact: milliseconds only
+    if one of them has some, the date only if they fall on more than one day (else the note names
+    it). Returns (cells, note), the note for the table's caption (`times UTC, 2026-01-01`)."""
+    real = [v for v in values if v is not None and NEG_INF < v < INF]
+    with_ms = any(v % 1000 for v in real)
+    days = {v // 86_400_000 for v in real}
+
+    def cell(v: int | None) -> str:
+        if v is None:
+            return "-"
+        text = iso(v)
+        if not NEG_INF < v < INF:
+            return text
+        clock = text[11:23] if with_ms else text[11:19]
+        return clock if len(days) == 1 else f"{text[:10]} {clock}"
+
+    note = f"times UTC, {iso(real[0])[:10]}" if len(days) == 1 else "times UTC"
+    return [cell(v) for v in values], note
+
+
+def value_cell(v: Any) -> str:
+    """A result value for a table cell: a float with at most 10 significant digits (the exact
+    value is in `--format jsonl`), no value as `-`."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.10g}"
+    return str(v)
+
+
+def fit_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    times: Sequence[str] = (),
+    no_wrap: Sequence[str] = (),
+    max_widths: Mapping[str, int] | None = None,
+    caption: str | None = None,
+):
+    """A rich Table of `rows` (dicts) that fits the terminal by wrapping, never by cutting: the
+    time columns (epoch ms, see `time_cells`) and the `no_wrap` ones keep their width, every other
+    column folds its text over lines (a cell is never cut to `…`, a column never to nothing)."""
+    from rich.table import Table
+
+    times = [c for c in columns if c in times]
+    cells: dict[str, list[str]] = {}
+    notes = []
+    if times and rows:
+        flat, note = time_cells([r.get(c) for r in rows for c in times])
+        for i, c in enumerate(times):
+            cells[c] = flat[i :: len(times)]
+        notes.append(note)
+    for c in columns:
+        if c not in cells:
+            cells[c] = [value_cell(r.get(c)) for r in rows]
+    tab = Table(title=title, caption="; ".join([*([caption] if caption else []), *notes]) or None)
+    for c in columns:
+        keep = c in times or c in no_wrap
+        widest = max([len(x) for x in cells[c]] + [len(c)])
+        tab.add_column(
+            c,
+            no_wrap=keep,
+            overflow="fold",
+            min_width=widest if keep else min(widest, max(len(c), 4)),
+            max_width=(max_widths or {}).get(c),
+        )
+    for i in range(len(rows)):
+        tab.add_row(*[cells[c][i] for c in columns])
+    return tab
+
+
+def dead_letter_table(title: str, letters: Sequence[Mapping[str, Any]]):
+    """Dead letters as a table that fits 80 columns: the reason (with the window a late event
+    missed), the source position (segment/chunk/row), the epoch and the record, long text folded
+    over lines."""
+    rows = [
+        {
+            "reason": f"{d.get('reason')} ({d['window']})" if d.get("window") else d.get("reason"),
+            "source": f"{d.get('segment')}/{d.get('chunk')}/{d.get('row')}",
+            "epoch": d.get("epoch"),
+            "record": d.get("record"),
+        }
+        for d in letters
+    ]
+    return fit_table(
+        title,
+        ["reason", "source", "epoch", "record"],
+        rows,
+        no_wrap=("source", "epoch"),
+        max_widths={"reason": 26},
+        caption="source: segment/chunk/row; epoch: the epoch that found it (- at produce)",
+    )
+
+
+def empty_result_hint(spec: Pipeline, m: Manifest | None, window: str) -> str:
+    """Why `wire read` of a window shows no row, and what would change it."""
+    if m is None:
+        return f"no committed epoch yet: produce events, then `wire tick --pipeline {spec.name}`"
+    w = spec.window(window)
+    ref = m.state.get(window)
+    open_ = ref.rows if ref is not None else 0
+    if open_ and m.watermark < INF:
+        when = (
+            f"the watermark passes its last event + the gap "
+            f"({f'field {w.gap_field}' if w.gap_field else format_duration(w.gap)})"
+            if w.type == "session"
+            else "the watermark passes its end"
+        )
+        return (
+            f"no rows committed yet: {open_} windows of {window} are still open in the window state "
+            f"(epoch {m.epoch}, W = {iso(m.watermark)}); a window is emitted once {when}, "
+            f"or when the stream is closed (`wire close --pipeline {spec.name}`)"
+        )
+    return f"no rows: the committed epochs (last {m.epoch}, W = {iso(m.watermark)}) produced none in {window}"
 
 
 def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
@@ -195,7 +383,8 @@ def partition_report(spec: Pipeline, m: Manifest | None, partition: int) -> dict
         "watermark": iso(w),
         "epoch": m.epoch if m else 0,
         "run_id": m.run_id if m else None,
-        "remap": ", ".join(f"{s}:{n}" for s, n in (m.remap.items() if m else [])) or "-",
+        "remap": dict(m.remap) if m else {},  # segment -> next chunk to read
+        "read": f"epoch {m.epoch}: {describe_epoch(m)}" if m else "nothing new",
         "ready": partitions.ready(spec, w, partition),
         "final": partitions.final(spec, w, partition),
         "counts_epoch": m.counts.model_dump() if m else {},

@@ -59,6 +59,20 @@ def parse_iso(text: str, assume_utc: bool = False) -> int:
     return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
+#: A Dagster partition key of Wire's time partitions (assets/partitions.py PARTITION_FMT), UTC.
+_PARTITION_KEY = re.compile(r"^(\d{4}-\d{2}-\d{2})-(\d{2}:\d{2})$")
+
+
+def parse_time(text: str) -> int:
+    """A time typed on the command line -> epoch ms: ISO-8601 (a time without a zone is UTC), or a
+    partition key as the Dagster UI shows it (`2026-01-01-00:05`: the partition's start, UTC).
+    Raises ValueError for anything else."""
+    m = _PARTITION_KEY.match(text.strip())
+    if m:
+        return parse_iso(f"{m.group(1)}T{m.group(2)}:00", assume_utc=True)
+    return parse_iso(text, assume_utc=True)
+
+
 def iso(ms: int) -> str:
     """Epoch ms -> ISO-8601 UTC with milliseconds, `+inf`/`-inf` for the sentinels."""
     if ms >= INF:

@@ -75,10 +75,44 @@ GLOBAL = {
 }
 
 
+# a windowed join of the two upstream windows: each 10 s row with the sliding rows of its key
+# that end in the same 10 s, where the sliding count is the larger
+JOIN = {
+    "name": "pairs",
+    "inputs": [
+        {"name": "ten", "pipeline": "up", "output": "per_10s", "key": "key"},
+        {"name": "slides", "pipeline": "up", "output": "per_20s_5s", "key": "key"},
+    ],
+    "lateness": {"allowed": "0s"},
+    "windows": [
+        {
+            "name": "bigger",
+            "type": "join",
+            "left": "ten",
+            "right": "slides",
+            "window": {"type": "tumbling", "size": "10s"},
+            "where": "right.n > left.n",
+            "select": {"n10": "left.n", "n20": "right.n", "end20": "right.window_end"},
+        }
+    ],
+}
+
+
 def _files(d: Path) -> dict:
-    for body in (UP, DOWN, GLOBAL):
+    for body in (UP, DOWN, GLOBAL, JOIN):
         (d / f"{body['name']}.yaml").write_text(yaml.safe_dump({**body, **COMMON}))
-    return {name: load_pipeline(d / f"{name}.yaml") for name in ("up", "down", "hottest")}
+    return {name: load_pipeline(d / f"{name}.yaml") for name in ("up", "down", "hottest", "pairs")}
+
+
+def _join_reference(ten: list[dict], slides: list[dict]) -> list[tuple]:
+    """Nested loops: pairs with equal keys whose event times (window_end - 1) share a 10 s window."""
+    out = []
+    for a in ten:
+        for b in slides:
+            wa, wb = (a["window_end"] - 1) // 10_000, (b["window_end"] - 1) // 10_000
+            if a["key"] == b["key"] and wa == wb and b["n"] > a["n"]:
+                out.append((a["key"], wa * 10_000, wa * 10_000 + 10_000, a["n"], b["n"], b["window_end"]))
+    return sorted(out)
 
 
 def _events(rnd: random.Random, n: int) -> list[dict]:
@@ -90,6 +124,8 @@ def _events(rnd: random.Random, n: int) -> list[dict]:
         if rnd.random() < 0.08:
             t -= rnd.choice([3_000, 8_000, 25_000])
         out.append({"ts": t, "eid": f"e{i}", "user": f"u{rnd.randrange(5)}", "amount": rnd.randrange(-5, 50)})
+    # and, last, a few so old that they are late past the lateness whatever the epoch splits
+    out += [{"ts": T0 + 1_000 * j, "eid": f"old{j}", "user": "u0", "amount": 1} for j in range(3)]
     return out
 
 
@@ -127,7 +163,7 @@ def test_two_stage_graphs_equal_the_composition_of_final_upstream_results(
 ) -> None:
     rnd = random.Random(seed)
     specs = _files(tmp_path)
-    up, down, hottest = specs["up"], specs["down"], specs["hottest"]
+    up, down, hottest, pairs = specs["up"], specs["down"], specs["hottest"], specs["pairs"]
     events = _events(rnd, 260)
     level = stream_spec("clicks", "ts", "eid", up)
     i = 0
@@ -138,13 +174,13 @@ def test_two_stage_graphs_equal_the_composition_of_final_upstream_results(
         streams.produce(store, level, f)
         i += n
         engine.process(store, up, spark, max_epochs=rnd.randint(1, 3))
-        for spec in (down, hottest):
+        for spec in (down, hottest, pairs):
             if rnd.random() < 0.7:  # a downstream epoch between upstream ones, or not
                 engine.process(store, spec, spark)
     streams.close_stream(store, "clicks")
     while engine.process(store, up, spark, max_epochs=20).committed:
         pass
-    for spec in (down, hottest):
+    for spec in (down, hottest, pairs):
         engine.process(store, spec, spark)
         assert not engine.process(store, spec, spark).committed  # in sync: nothing more to do
     m_up = Checkpoints(store, "up").latest()
@@ -157,6 +193,9 @@ def test_two_stage_graphs_equal_the_composition_of_final_upstream_results(
     got = results.read_results(store, hottest, "hot").to_pylist()
     assert_same_rows(hottest, {"hot": got}, want)
     assert got and all(r["key"] is None for r in got)
+    cols = ("key", "window_start", "window_end", "n10", "n20", "end20")
+    joined = sorted(tuple(r[c] for c in cols) for r in results.read_results(store, pairs, "bigger").to_pylist())
+    assert joined and joined == _join_reference(ten, slides)
     # The downstream's remap is the upstream epoch it read; a rewind replays them to the same data.
     m = Checkpoints(store, "down").latest()
     assert m is not None and m.remap == {"counts": m_up.epoch} and m.watermark == m_up.watermark

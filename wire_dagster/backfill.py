@@ -120,6 +120,11 @@ def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], p
     Returns the new epoch's manifest, or None when the recomputation reproduced
     the committed content exactly.
     """
+    if spec.derived:
+        raise WireInputError(
+            f"backfill: {spec.name!r} reads derived streams; its every epoch already recomputes its windows "
+            "from the upstream's committed content, and its own backfill is not built yet: rewind it instead"
+        )
     cp = Checkpoints(store, spec.name)
     for _attempt in range(3):
         latest = cp.latest()

@@ -28,7 +28,10 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
                   ON old.key IS NOT DISTINCT FROM ch.key
                  AND old.window_start = ch.window_start AND old.window_end = ch.window_end
                 UNION ALL {sql}"""
-        out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end").to_arrow_table()
+        # The rest of the columns too: a join has one row per matching pair in a window (its
+        # rows share key and window), and the content's bytes must not depend on their order.
+        rest = "".join(f', "{c}"' for c in schema.names if c not in ("key", "window_start", "window_end"))
+        out = con.sql(f"{sql} ORDER BY key ASC NULLS LAST, window_start, window_end{rest}").to_arrow_table()
     finally:
         con.unregister("ch")
         if old is not None and old.num_rows:

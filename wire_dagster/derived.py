@@ -303,7 +303,7 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     """The computed windows' rows, per window, from one Spark task that reads the upstream files
     (their records as the pipeline reads them) and aggregates them with the kernel's code."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
-    from .events import ERR, chunk_schema
+    from .events import ERR, KEY, ROW, TIME, chunk_schema
     from .extract import pipeline_events
     from .kernel import _fs, _read_key
 
@@ -312,22 +312,35 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     opts, bucket = store.fs_options(), store.bucket
     schema = chunk_schema(spec).append(pa.field(SEG, pa.string())).append(pa.field(SEQ, pa.int64()))
 
+    aggregating = spec.model_copy(update={"windows": tuple(w for w in spec.windows if w.type != "join")})
+    joins = [w for w in spec.windows if w.type == "join"]
+
     def task(batches):
         for _ in batches:  # the one driving row
             pass
         fs = _fs(opts)
         parts = []
+        records: dict[str, list[pa.Table]] = {}  # input -> its rows as read (for joins): columns + _key, _t
         for name, p, key in files:
             t = _read_key(fs, bucket, key, None, [])
             t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
             ev = pipeline_events(readers[name], records_chunk_of(t), _FAR)
             good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
+            if joins:
+                rows = t.take(good[ROW]).append_column(JOIN_KEY, good[KEY]).append_column(JOIN_T, good[TIME])
+                records.setdefault(name, []).append(rows)
             good = good.append_column(SEG, pa.repeat(pa.scalar(f"{name}.{p}"), good.num_rows))
             parts.append(good.append_column(SEQ, pa.repeat(pa.scalar(0, pa.int64()), good.num_rows)))
         events = (
             pa.concat_tables([x.select(schema.names).cast(schema) for x in parts]) if parts else schema.empty_table()
         )
-        out = bucket_epoch(spec, events, side_table(spec, {}, None), NEG_INF, INF)
+        out = (
+            bucket_epoch(aggregating, events, side_table(aggregating, {}, None), NEG_INF, INF)
+            if aggregating.windows
+            else {}
+        )
+        for w in joins:
+            out[("out", w.name)] = join_rows(w, records)
         keep = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
         for w in spec.windows:
             rows = out.get(("out", w.name))
@@ -341,10 +354,49 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     rows = {}
     for w in spec.windows:
         schema = empty_output(spec, w.name).schema.append(pa.field("retract", pa.bool_()))
-        got = [t.select(schema.names).cast(schema) for t in tables.get(("out", w.name), [])]
+        got = tables.get(("out", w.name), [])
+        if w.type != "join":  # a join's columns keep their inputs' types
+            got = [t.select(schema.names).cast(schema) for t in got]
         if got:
-            rows[w.name] = pa.concat_tables(got)
+            rows[w.name] = pa.concat_tables(got, promote_options="permissive")
     return rows, n
+
+
+JOIN_KEY, JOIN_T = "__wire_key", "__wire_t"  # a record's key and event time, beside its columns
+
+
+def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
+    """A windowed join (DESIGN §4): every pair of a `left` and a `right` record with equal keys
+    (null keys equal) in the same tumbling window for which `where` holds, as the `select`
+    columns, with `key`, `window_start`, `window_end` and `retract` (false). DuckDB, over the
+    records of the windows computed (the caller keeps those)."""
+    from .duck import duckdb_connection
+    from .sqlexpr import quote_sides
+
+    con = duckdb_connection()
+    names = {"left": "__wire_left", "right": "__wire_right"}
+    registered = []
+    try:
+        for side, inp in (("left", w.left), ("right", w.right)):
+            parts = records.get(inp or "", [])
+            if not parts:
+                return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
+            con.register(names[side], pa.concat_tables(parts, promote_options="permissive"))
+            registered.append(names[side])
+        start = f"{JOIN_T} - ((({JOIN_T} - {w.offset}) % {w.size}) + {w.size}) % {w.size}"
+        cols = ", ".join(f'"{c.side}"."{c.column}" AS "{c.name}"' for c in w.select)
+        cond = f" AND ({quote_sides(w.where)})" if w.where else ""
+        sql = f"""
+            WITH l AS (SELECT *, {start} AS __ws FROM {names["left"]}),
+                 r AS (SELECT *, {start} AS __ws FROM {names["right"]})
+            SELECT "left".{JOIN_KEY} AS key, "left".__ws AS window_start, "left".__ws + {w.size} AS window_end,
+                   {cols}, FALSE AS retract
+            FROM l AS "left" JOIN r AS "right"
+              ON "left".{JOIN_KEY} IS NOT DISTINCT FROM "right".{JOIN_KEY} AND "left".__ws = "right".__ws{cond}"""
+        return con.sql(sql).to_arrow_table()
+    finally:
+        for n in registered:
+            con.unregister(n)
 
 
 def _commit(

@@ -56,6 +56,8 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
     arrow = {"BIGINT": pa.int64(), "STRING": pa.string()}
     for a in w.aggregates:
         fields.append(pa.field(a.name, arrow.get(OUTPUT_TYPES.get(a.func, ""), pa.float64())))
+    # a join's columns are typed as its inputs' are; with no row at all, as text
+    fields += [pa.field(c.name, pa.string()) for c in w.select]
     return pa.schema(fields).empty_table()
 
 

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import WireInputError
-from .sqlexpr import expression_columns
+from .sqlexpr import expression_columns, quote_sides
 from .timeutil import parse_duration, parse_iso
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
@@ -53,16 +53,31 @@ class Aggregate(BaseModel):
         return self.func in ("sum", "min", "max", "avg")
 
 
+class JoinColumn(BaseModel):
+    """One output column of a windowed join: `name: left.column` or `right.column`."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    side: Literal["left", "right"]
+    column: str
+
+
 class WindowSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
-    type: Literal["tumbling", "sliding", "session"]
+    type: Literal["tumbling", "sliding", "session", "join"]
     size: int = 0  # ms; tumbling and sliding
     slide: int = 0  # ms; sliding (tumbling: == size)
     offset: int = 0  # ms; alignment to the epoch plus offset
     gap: int = 0  # ms; session
     gap_field: str | None = None  # session: per-event gap (ms) field
     aggregates: tuple[Aggregate, ...]
+    # join: pairs of `left` and `right` records with equal keys in the same tumbling window
+    # (`size`, `offset`), as `select` columns, where the optional `where` (SQL over left./right.) holds
+    left: str | None = None
+    right: str | None = None
+    select: tuple[JoinColumn, ...] = ()
+    where: str | None = None
 
     @property
     def extent(self) -> int:
@@ -72,7 +87,7 @@ class WindowSpec(BaseModel):
     @property
     def step(self) -> int:
         """The alignment step partitions must be a multiple of."""
-        return {"tumbling": self.size, "sliding": self.slide}.get(self.type, 0)
+        return {"tumbling": self.size, "sliding": self.slide, "join": self.size}.get(self.type, 0)
 
 
 class Orchestration(BaseModel):
@@ -228,10 +243,13 @@ class Pipeline(BaseModel):
         """Hash of everything that decides results (not of where the file lives). A pipeline of
         one key field and no filter or derived field hashes as it did before those existed."""
         body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields", "inputs"})
-        for w in body["windows"]:  # as before `by` existed, for the aggregates without one
+        for w in body["windows"]:  # as before `by` and joins existed, for what does not use them
             for a in w["aggregates"]:
                 if a.get("by") is None:
                     a.pop("by", None)
+            for k in ("left", "right", "select", "where"):
+                if not w.get(k):
+                    w.pop(k, None)
         body["key_field"] = self.key_field
         if len(self.key_fields) > 1:
             body["key_fields"] = list(self.key_fields)
@@ -297,6 +315,8 @@ def _window(raw: object, i: int) -> WindowSpec:
     name = check_name(_req(raw, "name", where), f"{where}.name")
     where = f"windows.{name}"
     wtype = _req(raw, "type", where)
+    if wtype == "join":
+        return _join(raw, name, where)
     known = {"tumbling": {"size", "offset"}, "sliding": {"size", "slide", "offset"}, "session": {"gap", "gap_field"}}
     if wtype not in known:
         raise WireInputError(f"{where}.type: unknown window type {wtype!r}; use tumbling, sliding or session")
@@ -329,6 +349,55 @@ def _window(raw: object, i: int) -> WindowSpec:
     if offset >= slide:
         raise WireInputError(f"{where}.offset: must be shorter than the {'slide' if wtype == 'sliding' else 'size'}")
     return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs)
+
+
+_SIDE_RE = re.compile(r"^\s*(left|right)\.([A-Za-z_][A-Za-z0-9_]*)\s*$")
+
+
+def _join(raw: dict, name: str, where: str) -> WindowSpec:
+    """`type: join`: `left`, `right` (inputs), `window: {type: tumbling, size}`, `select`, `where`."""
+    extra = set(raw) - {"name", "type", "left", "right", "window", "select", "where"}
+    if extra:
+        raise WireInputError(
+            f"{where}: unknown key(s) {sorted(extra)} for a join; allowed: left, right, window, select, where"
+        )
+    left = check_name(_req(raw, "left", where), f"{where}.left")
+    right = check_name(_req(raw, "right", where), f"{where}.right")
+    win = _req(raw, "window", where)
+    if not isinstance(win, dict) or win.get("type") != "tumbling" or set(win) - {"type", "size", "offset"}:
+        raise WireInputError(f"{where}.window: a join's window is tumbling, e.g. {{type: tumbling, size: 10s}}")
+    size = parse_duration(_req(win, "size", f"{where}.window"), f"{where}.window.size")
+    offset = parse_duration(win.get("offset", 0), f"{where}.window.offset")
+    if size <= 0 or not 0 <= offset < size:
+        raise WireInputError(f"{where}.window: size must be > 0 and offset shorter than it")
+    sel = raw.get("select")
+    if not isinstance(sel, dict) or not sel:
+        raise WireInputError(f"{where}.select: give the output columns, e.g. {{name: left.name, n: right.n}}")
+    cols = []
+    for col, ref in sel.items():
+        m = _SIDE_RE.match(str(ref))
+        if not isinstance(col, str) or not NAME_FIELD_RE.match(col) or col in ("key", "window_start", "window_end"):
+            raise WireInputError(f"{where}.select: bad output column name {col!r}")
+        if not m:
+            raise WireInputError(f"{where}.select.{col}: {ref!r} is not left.<column> or right.<column>")
+        cols.append(JoinColumn(name=col, side=m.group(1), column=m.group(2)))  # pyright: ignore[reportArgumentType]  the pattern admits left|right only
+    cond = raw.get("where")
+    if cond is not None:
+        if not isinstance(cond, str):
+            raise WireInputError(f"{where}.where: expected a SQL expression, e.g. left.num >= right.maxn")
+        expression_columns(quote_sides(cond), f"{where}.where")
+    return WindowSpec(
+        name=name,
+        type="join",
+        size=size,
+        slide=size,
+        offset=offset,
+        aggregates=(),
+        left=left,
+        right=right,
+        select=tuple(cols),
+        where=cond,
+    )
 
 
 def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
@@ -379,6 +448,19 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     names = [w.name for w in windows]
     if len(set(names)) != len(names):
         raise WireInputError("windows: two windows share a name; give each a unique name")
+    for w in windows:
+        if w.type != "join":
+            continue
+        if not inputs[0].pipeline:
+            raise WireInputError(
+                f"windows.{w.name}: a join of raw streams is not built yet; join derived streams "
+                "(the windows of pipelines that read the raw streams)"
+            )
+        for side in (w.left, w.right):
+            if side not in {i.name for i in inputs}:
+                raise WireInputError(
+                    f"windows.{w.name}: no input named {side!r}; choose one of: " + ", ".join(i.name for i in inputs)
+                )
     if inputs[0].pipeline and any(w.type == "session" for w in windows):
         raise WireInputError(
             "windows: a session window over a derived stream is not built yet; use tumbling or sliding windows"

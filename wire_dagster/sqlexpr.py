@@ -10,6 +10,7 @@ record is read.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 from .errors import WireInputError
@@ -60,3 +61,12 @@ def expression_columns(expr: str, where: str) -> tuple[str, ...]:
 
     walk(select[0])
     return tuple(found)
+
+
+_SIDE = re.compile(r'(?<![\w"])(left|right)\.')
+
+
+def quote_sides(expr: str) -> str:
+    """A join's condition with its `left.x` / `right.y` as the SQL it runs as (`"left".x`: LEFT
+    and RIGHT are SQL keywords, so the join's two sides are aliases quoted as names)."""
+    return _SIDE.sub(r'"\1".', expr)

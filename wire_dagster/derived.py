@@ -33,6 +33,7 @@ from . import partitions, settings
 from .checkpoint import Checkpoints, new_run_id
 from .content import apply_changes
 from .errors import CommitConflict, ObjectNotFound, WireInputError
+from .faults import fault
 from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
@@ -412,6 +413,7 @@ def _commit(
     """Replace the computed windows' rows in the partitions they touch (retracting those that no
     longer have a row), stage the partitions that changed, then prepare and commit the manifest."""
     rows_by, n = computed if computed is not None else ({}, 0)
+    fault("before-staging")
     outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {}
     size = max(w.size for w in spec.windows) if spec.windows else 0
@@ -437,12 +439,14 @@ def _commit(
                 continue
             content = apply_changes(old, change)
             ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(content), content.num_rows, plan.epoch)
+            fault("mid-staging")
             if prior is None or prior.sha256 != ref.sha256:
                 outputs[w.name][str(p)] = ref
                 changed.setdefault(w.name, []).append(p)
         ready = partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups))
         if ready:
             changed[w.name] = sorted(set(changed.get(w.name, [])) | set(ready))
+    fault("after-staging")
     counts = Counts(events_in=n, counted={w.name: n for w in spec.windows}, late={w.name: 0 for w in spec.windows})
     manifest = Manifest(
         pipeline=spec.name,
@@ -468,6 +472,7 @@ def _commit(
         created_ms=now_ms(),
     )
     cp.prepare(manifest)
+    fault("after-manifest")
     try:
         cp.commit(manifest)
     except CommitConflict:

@@ -228,5 +228,5 @@ def test_the_inputs_form_reads_like_stream_and_event() -> None:
         pipeline_from_dict({"name": "x", **PIPELINES["big_bidders"], "stream": STREAM, **COMMON})
     two = {"name": "x", **PIPELINES["big_bidders"], **COMMON}
     two["inputs"] = two["inputs"] * 2
-    with pytest.raises(WireInputError, match="one input per pipeline"):
+    with pytest.raises(WireInputError, match="two inputs are named 'bids'"):
         pipeline_from_dict(two)

@@ -96,12 +96,9 @@ def _check_output(path: Path | None, flag: str) -> None:
 
 
 def _store():
-    from .embedded import resolve_s3
-    from .objectstore import ObjectStore
+    from .embedded import default_store
 
-    st = ObjectStore(resolve_s3())
-    st.ensure_bucket()
-    return st
+    return default_store()
 
 
 @contextmanager
@@ -176,7 +173,7 @@ def produce(
     Several files go in one command (one process): every file is checked before anything is
     appended, and different segments are appended side by side."""
     from .spec import check_name
-    from .streams import produce_files
+    from .streams import produce_files, producer_spec
 
     if bool(pipeline) == bool(stream):
         raise WireInputError("produce: give --pipeline P (its stream, its checks) or --stream S (a shared stream)")
@@ -194,7 +191,7 @@ def produce(
         raise WireInputError("--chunk-rows: must be > 0")
     pairs = list(zip(files, segments if len(segments) == len(files) else segments * len(files), strict=True))
     store = _store()
-    spec = spec or _stream_spec(store, stream)
+    spec = spec or producer_spec(store, stream, project_pipelines())
     with _progress() as prog:
         task = prog.add_task(
             f"produce {files[0].name}" + (f" + {len(files) - 1} files" if len(files) > 1 else ""), total=None
@@ -210,30 +207,6 @@ def produce(
             + (f" (chunks {rep.chunks[0]}..{rep.chunks[-1]})" if rep.chunks else "")
             + (f"; {rep.malformed} malformed records went to the dead letters" if rep.malformed else "")
         )
-
-
-def _stream_spec(store, stream: str):
-    """`--stream S`: its declared time and id (else those of the pipelines that read it, which
-    must agree), with the limits of its first reader in WIRE_PIPELINES."""
-    from .spec import readers_of, stream_spec
-    from .streams import stream_fields
-
-    readers = readers_of(stream, project_pipelines())
-    declared = stream_fields(store, stream)
-    if declared is None:
-        kinds = {(r.time_field, r.id_field) for r in readers}
-        if not kinds:
-            raise WireInputError(
-                f"--stream: stream {stream!r} is new and no pipeline in {str(project_pipelines())!r} reads it, "
-                "so its time field is unknown; produce with --pipeline P once, or add a pipeline that reads it"
-            )
-        if len(kinds) > 1:
-            raise WireInputError(
-                f"--stream: the pipelines reading {stream!r} disagree on its time and id fields "
-                f"({sorted(kinds, key=str)}); a stream has one of each"
-            )
-        declared = kinds.pop()
-    return stream_spec(stream, declared[0], declared[1], readers[0] if readers else None)
 
 
 @app.command()

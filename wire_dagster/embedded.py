@@ -384,6 +384,14 @@ def _probe_store(cfg: S3Config) -> ObjectStore:
     return ObjectStore(cfg, retry_budget=0, connect_timeout=1, read_timeout=5)
 
 
+def default_store() -> ObjectStore:
+    """The object store the environment names (`resolve_s3`), its bucket created if missing: the
+    store of the CLI's commands and of `wire_dagster.produce`."""
+    st = ObjectStore(resolve_s3())
+    st.ensure_bucket()
+    return st
+
+
 def resolve_s3(home: Path | None = None, *, start: bool = True) -> S3Config:
     """The S3 config to use: WIRE_S3_* if WIRE_S3_ENDPOINT is set, else the embedded server (exported to os.environ)."""
     cfg = S3Config.from_env()

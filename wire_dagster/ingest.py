@@ -545,3 +545,36 @@ def open_input(path: Path) -> InputFile:
     lines = _split_lines(data)
     del data
     return InputFile(len(lines), lambda lo, hi: lines.slice(lo, hi - lo))
+
+
+def records_input(records: object) -> InputFile:
+    """Records in memory as checked input, as a file of them would be (`open_input`): a pyarrow
+    Table or a pandas DataFrame as Parquet rows (pandas' missing values are Parquet nulls), a list
+    of dicts as JSON lines (a value JSON has no type for, e.g. a datetime, as its text). Nothing
+    else, and no record at all, is bad input."""
+    table: pa.Table | None = None
+    if isinstance(records, pa.Table):
+        table = records
+    elif type(records).__module__.startswith("pandas") and hasattr(records, "to_dict"):
+        table = pa.Table.from_pandas(records, preserve_index=False)
+    if table is not None:
+        if table.num_rows == 0:
+            raise WireInputError("records: the table has no rows; nothing to append")
+        t: pa.Table = table
+        return InputFile(
+            t.num_rows, lambda lo, hi: parquet_to_lines(t.slice(lo, hi - lo)), lambda lo, hi: t.slice(lo, hi - lo)
+        )
+    if not isinstance(records, (list, tuple)):
+        raise WireInputError(
+            f"records: expected a list of dicts, a pyarrow Table or a pandas DataFrame, not {type(records).__name__}"
+        )
+    if not records:
+        raise WireInputError("records: the list is empty; nothing to append")
+    lines = []
+    for r in records:
+        try:  # NaN and Infinity are written as JSON writers do, then refused where a number is read
+            lines.append(json.dumps(r, default=str).encode() if isinstance(r, dict) else b"\x00not a record")
+        except (TypeError, ValueError):
+            lines.append(b"\x00not a record")
+    arr = pa.array(lines, pa.large_binary())
+    return InputFile(len(arr), lambda lo, hi: arr.slice(lo, hi - lo))

@@ -263,10 +263,47 @@ def produce(
     range; bad input files (missing, unreadable, empty) raise WireInputError
     before anything is written.
     """
+    return produce_input(store, spec, open_input(Path(path)), segment, chunk_rows, progress)
+
+
+def produce_input(
+    store: ObjectStore,
+    spec: Pipeline,
+    inp: InputFile,
+    segment: str = "0",
+    chunk_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ProduceReport:
+    """Append checked input (a file's, `ingest.open_input`, or records in memory,
+    `ingest.records_input`) to the pipeline's stream as chunks: the one path of `wire produce`
+    and `wire_dagster.produce`."""
     check_name(segment, "--segment")
-    inp = open_input(Path(path))
     declare_stream(store, spec)
     return _append_input(store, spec, inp, segment, chunk_rows, progress)
+
+
+def producer_spec(store: ObjectStore, stream: str, directory: Path) -> Pipeline:
+    """What records produced to `stream` by name are checked against (`wire produce --stream`):
+    its declared time and id (else those of the pipelines in `directory` that read it, which must
+    agree), with the limits of its first reader there."""
+    from .spec import readers_of, stream_spec
+
+    readers = readers_of(stream, directory)
+    declared = stream_fields(store, stream)
+    if declared is None:
+        kinds = {(r.time_field, r.id_field) for r in readers}
+        if not kinds:
+            raise WireInputError(
+                f"--stream: stream {stream!r} is new and no pipeline in {str(directory)!r} reads it, "
+                "so its time field is unknown; produce with --pipeline P once, or add a pipeline that reads it"
+            )
+        if len(kinds) > 1:
+            raise WireInputError(
+                f"--stream: the pipelines reading {stream!r} disagree on its time and id fields "
+                f"({sorted(kinds, key=str)}); a stream has one of each"
+            )
+        declared = kinds.pop()
+    return stream_spec(stream, declared[0], declared[1], readers[0] if readers else None)
 
 
 def produce_files(

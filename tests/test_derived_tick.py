@@ -138,3 +138,14 @@ def test_a_late_event_upstream_reruns_and_changes_the_downstream_partition(
         assert versions[0] == hashlib.sha256(store.get(ref.key)).hexdigest()[:32]
     finally:
         instance.dispose()
+
+    # A backfill of the upstream's range, then of the downstream's, through their Dagster jobs:
+    # every partition reproduced, the same data versions, no new epoch.
+    for name in ("up", "down"):
+        before = Checkpoints(store, name).latest().epoch  # pyright: ignore[reportOptionalMemberAccess]
+        p = run_wire(["backfill", "--pipeline", name, "--format", "jsonl"], env, timeout=600, check=True)
+        rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.strip()]
+        assert rows and {r["result"] for r in rows} == {"reproduced"}, rows
+        assert Checkpoints(store, name).latest().epoch == before  # pyright: ignore[reportOptionalMemberAccess]
+    first_part = next(r for r in rows if r["partition"].startswith("2026-01-01T00:00:00"))
+    assert first_part["windows"]["per_2m"]["data_version"] == versions[0]

@@ -120,17 +120,17 @@ def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], p
     Returns the new epoch's manifest, or None when the recomputation reproduced
     the committed content exactly.
     """
-    if spec.derived:
-        raise WireInputError(
-            f"backfill: {spec.name!r} reads derived streams; its every epoch already recomputes its windows "
-            "from the upstream's committed content, and its own backfill is not built yet: rewind it instead"
-        )
     cp = Checkpoints(store, spec.name)
     for _attempt in range(3):
         latest = cp.latest()
         if latest is None:
             return None
-        contents = recompute(store, spec, spark, partitions, progress)
+        if spec.derived:  # a stage over derived streams: from the upstream content it read
+            from .derived import recompute as recompute_derived
+
+            contents = recompute_derived(store, spec, spark, partitions)
+        else:
+            contents = recompute(store, spec, spark, partitions, progress)
         run_id = new_run_id()
         outputs = {w: dict(p) for w, p in latest.outputs.items()}
         changed: dict[str, list[int]] = {}

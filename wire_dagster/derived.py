@@ -280,6 +280,36 @@ def records_chunk_of(rows: pa.Table) -> pa.Table:
     )
 
 
+def recompute(
+    store: ObjectStore, spec: Pipeline, spark, partitions_: list[int]
+) -> dict[str, dict[int, pa.Table | None]]:
+    """The content of `partitions_` for every window, computed again from the upstream content
+    the latest epoch read (its remap's upstream epochs): what `backfill.backfill` compares with
+    the committed content, so that the same upstream content reproduces the same bytes."""
+    from .sparksession import started_session
+
+    contents: dict[str, dict[int, pa.Table | None]] = {w.name: dict.fromkeys(partitions_) for w in spec.windows}
+    latest = Checkpoints(store, spec.name).latest()
+    if latest is None or not partitions_:
+        return contents
+    ups = upstreams(spec)
+    refs, wms = {}, {}
+    for u in ups:
+        n = int(latest.remap.get(u.input.name, 0))
+        m = _upstream_manifest(store, spec, u, n) if n else None
+        refs[u.input.name] = dict(m.outputs.get(u.window.name, {})) if m else {}
+        wms[u.input.name] = m.watermark if m else NEG_INF
+    # every window of the partitions asked (they overlap the partitions' time) that W has passed
+    ranges = [(p, p + spec.partition) for p in sorted(set(partitions_))]
+    plan = Planned(latest.epoch, dict(latest.remap), refs, wms, latest.watermark, latest.watermark, ranges, ())
+    rows, _ = _compute(store, spec, ups, plan, started_session(spark))
+    for w in spec.windows:
+        for p in contents[w.name]:
+            mine = _in_partition(spec, rows.get(w.name), p)
+            contents[w.name][p] = apply_changes(None, mine) if mine is not None and mine.num_rows else None
+    return contents
+
+
 def _needs_compute(plan: Planned) -> bool:
     return plan.w_new > plan.w_prev or bool(plan.changed)
 

@@ -178,11 +178,8 @@ def produce(
     if bool(pipeline) == bool(stream):
         raise WireInputError("produce: give --pipeline P (its stream, its checks) or --stream S (a shared stream)")
     spec = _spec(pipeline) if pipeline else None
-    if spec is not None and spec.inputs:
-        raise WireInputError(
-            f"--pipeline: {spec.name!r} reads several streams ({', '.join(i.stream for i in spec.inputs)}); "
-            "produce to one of them with --stream"
-        )
+    if spec is not None:
+        spec.own_stream("produce to")
     if len(segments) not in (1, len(files)):
         raise WireInputError(f"--segment: give one, or one per --file ({len(files)} files, {len(segments)} segments)")
     for seg in segments:
@@ -220,13 +217,7 @@ def close(
 
     if bool(pipeline) == bool(stream):
         raise WireInputError("close: give --pipeline P (its stream) or --stream S")
-    spec = _spec(pipeline) if pipeline else None
-    if spec is not None and spec.inputs:
-        raise WireInputError(
-            f"--pipeline: {spec.name!r} reads several streams ({', '.join(i.stream for i in spec.inputs)}); "
-            "close each with --stream"
-        )
-    name = spec.stream if spec is not None else check_name(stream, "--stream")
+    name = _spec(pipeline).own_stream("close") if pipeline else check_name(stream, "--stream")
     sealed = close_stream(_store(), name)
     out.print(f"sealed {len(sealed)} segments of {name}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
 

@@ -36,9 +36,5 @@ def produce(
         spec = find_pipeline(name)
     except WireInputError:
         spec = producer_spec(store, name, pipelines_dir())
-    if spec.inputs:
-        raise WireInputError(
-            f"produce: pipeline {name!r} reads several streams ({', '.join(i.stream or i.name for i in spec.inputs)}); "
-            "produce to one of them by its stream's name"
-        )
+    spec.own_stream("produce to")
     return produce_input(store, spec, inp, segment, chunk_rows)

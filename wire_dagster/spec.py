@@ -194,6 +194,20 @@ class Pipeline(BaseModel):
                 return spec
         raise KeyError(segment)
 
+    def own_stream(self, action: str) -> str:
+        """The one raw stream the pipeline reads, to `action` (produce to, close) by the pipeline's
+        name; one line naming what it reads instead (several streams, or other pipelines' windows)."""
+        if self.derived:
+            raise WireInputError(
+                f"--pipeline: {self.name!r} reads other pipelines' windows, not a stream; {action} their streams"
+            )
+        if self.inputs:
+            raise WireInputError(
+                f"--pipeline: {self.name!r} reads several streams ({', '.join(i.stream for i in self.inputs)}); "
+                f"{action} each of them with --stream"
+            )
+        return self.stream
+
     def stream_level(self) -> Pipeline:
         """What every reader of the pipeline's stream shares, as a pipeline: its time and id, and
         the producer's limits. `wire produce` checks records against this only (a record is in the

@@ -9,6 +9,7 @@ derived streams and windowed joins of them."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from wire_dagster.spec import load_pipeline, stream_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 NEXMARK = ROOT / "pipelines" / "nexmark"
-CFG = Config(events=40_000, keys=300, seed=11, rate=1_000, segments=2, chunk_rows=2_000)
+# WIRE_NEXMARK_EVENTS: the events of the generator's run (`make test-long`: 200 K)
+CFG = Config(events=int(os.environ.get("WIRE_NEXMARK_EVENTS") or 40_000), keys=300, seed=11, segments=2)
 
 Q11 = """
     WITH o AS (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import build_assets
+from assets import build_assets, build_stream_specs
 from assets.keys import asset_keys, pipeline_tags
 from resources import default_resources
 from sensors import build_schedule, build_sensor, job_name
@@ -39,7 +39,9 @@ def build_definitions(directory: Path | None = None, pipelines: list[Pipeline] |
     specs = pipelines if pipelines is not None else load_all(source)
     if pipelines is None and source.is_dir():
         check_graph(specs)  # derived inputs name pipelines and windows of this location; no cycle
-    assets, jobs, sensors, schedules = [], [], [], []
+    # One asset per raw stream, however many pipelines read it: upstream of their windows.
+    assets: list = list(build_stream_specs(specs))
+    jobs, sensors, schedules = [], [], []
     for spec in specs:
         assets.append(build_assets(spec))
         job = dg.define_asset_job(

@@ -340,6 +340,87 @@ class Stack:
         limits = [lim for lim in d["instance"]["concurrencyLimits"] if lim["concurrencyKey"] == pool]
         return [c["runId"] for lim in limits for c in lim["claimedSlots"]]
 
+    # ------------------------------------------------------------------ asset pages (issue 25)
+    # For test_browser.py and test_dagster_ui.py: lineage, per-partition metadata, checks, freshness.
+    def materialization(self, path: list[str], partition: str | None) -> dict | None:
+        """The latest materialization of asset `path` (of `partition`): runId, timestamp, tags, metadata values."""
+        d = self.gql(
+            """query($k: AssetKeyInput!, $p: [String!]) { assetOrError(assetKey: $k) { __typename ... on Asset {
+                 assetMaterializations(partitions: $p) { partition runId timestamp tags { key value }
+                   metadataEntries { """
+            + METADATA_FIELDS
+            + """ } } } } }""",
+            {"k": {"path": path}, "p": [partition] if partition is not None else None},
+        )
+        a = d["assetOrError"]
+        if a["__typename"] != "Asset" or not a["assetMaterializations"]:
+            return None
+        m = max(a["assetMaterializations"], key=lambda x: float(x["timestamp"]))
+        return {
+            "runId": m["runId"],
+            "partition": m["partition"],
+            "tags": {t["key"]: t["value"] for t in m["tags"]},
+            "meta": metadata_values(m["metadataEntries"]),
+        }
+
+    def asset_node(self, path: list[str]) -> dict:
+        """What the asset graph says of asset `path`: upstream and downstream keys, freshness policy
+        and status, whether it is materializable, its checks."""
+        d = self.gql(
+            """query($k: AssetKeyInput!) { assetNodeOrError(assetKey: $k) { __typename ... on AssetNode {
+                 isMaterializable isPartitioned dependencyKeys { path } dependedByKeys { path } kinds description
+                 internalFreshnessPolicy { __typename
+                   ... on TimeWindowFreshnessPolicy { failWindowSeconds warnWindowSeconds } }
+                 freshnessStatusInfo { freshnessStatus }
+                 assetChecksOrError { __typename ... on AssetChecks { checks { name description canExecuteIndividually
+                   jobNames } } } } } }""",
+            {"k": {"path": path}},
+        )["assetNodeOrError"]
+        assert d["__typename"] == "AssetNode", d
+        return d
+
+    def check_executions(self, path: list[str], check: str, limit: int = 1000) -> list[dict]:
+        """Every execution of check `check` on asset `path`, newest first: runId, status, partition, evaluation."""
+        return self.gql(
+            """query($k: AssetKeyInput!, $c: String!, $n: Int!) { assetCheckExecutions(assetKey: $k, checkName: $c,
+                 limit: $n) { runId status partition timestamp evaluation { partition success severity description
+                 metadataEntries { """
+            + METADATA_FIELDS
+            + """ } } } }""",
+            {"k": {"path": path}, "c": check, "n": limit},
+        )["assetCheckExecutions"]
+
+    def launch_checks(self, job: str, checks: list[tuple[list[str], str]]) -> str:
+        """Launch a run of `job` with no asset and these checks, as the UI's "Execute all" does; its run id."""
+        r = self.gql(
+            """mutation($p: ExecutionParams!) { launchPipelineExecution(executionParams: $p) { __typename
+                 ... on LaunchRunSuccess { run { runId } } ... on Error { message }
+                 ... on RunConfigValidationInvalid { errors { message } } } }""",
+            {
+                "p": {
+                    "mode": "default",
+                    "executionMetadata": {},
+                    "runConfigData": "{}",
+                    "selector": {
+                        "jobName": job,
+                        "repositoryLocationName": LOCATION,
+                        "repositoryName": "__repository__",
+                        "assetSelection": [],
+                        "assetCheckSelection": [{"assetKey": {"path": p}, "name": c} for p, c in checks],
+                    },
+                }
+            },
+        )["launchPipelineExecution"]
+        assert r["__typename"] == "LaunchRunSuccess", r
+        return r["run"]["runId"]
+
+    def run_status(self, run_id: str) -> str:
+        d = self.gql(
+            """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { status } } }""", {"id": run_id}
+        )["runOrError"]
+        assert d["__typename"] == "Run", d
+        return d["status"]
+
     # ------------------------------------------------------------------ lifecycle
     def stop(self) -> None:
         if self.stopped:
@@ -462,3 +543,29 @@ def stop_running() -> None:
     """Stop the shared stack now (called after the last test that uses it)."""
     while _RUNNING:
         _RUNNING.pop().stop()
+
+
+# ---------------------------------------------------------------------------- asset pages
+# Added for test_browser.py and test_dagster_ui.py (issue 25: lineage, per-partition metadata,
+# checks and freshness as the UI and GraphQL show them).
+
+METADATA_FIELDS = """label __typename
+  ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue }
+  ... on FloatMetadataEntry { floatValue } ... on TimestampMetadataEntry { timestamp }
+  ... on MarkdownMetadataEntry { mdStr } ... on JsonMetadataEntry { jsonString }
+  ... on PathMetadataEntry { path } ... on UrlMetadataEntry { url }
+  ... on TableSchemaMetadataEntry { schema { columns { name type description } } }"""
+
+
+def metadata_values(entries: list[dict]) -> dict[str, object]:
+    """GraphQL metadata entries as label -> value (JSON parsed, a table schema as its columns)."""
+    out: dict[str, object] = {}
+    for e in entries:
+        t = e["__typename"]
+        if t == "JsonMetadataEntry":
+            out[e["label"]] = json.loads(e["jsonString"])
+        elif t == "TableSchemaMetadataEntry":
+            out[e["label"]] = e["schema"]["columns"]
+        else:
+            out[e["label"]] = next((v for k, v in e.items() if k not in ("label", "__typename")), None)
+    return out

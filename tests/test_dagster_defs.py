@@ -18,6 +18,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from wire_dagster.assetview import raw_streams
 from wire_dagster.spec import load_all, pipeline_from_dict
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,9 @@ def test_defs_can_load(tmp_path: Path) -> None:
     specs = load_all(PIPELINES)
     assert {s.name for s in specs} >= {"clicks", "bids"}
     want_assets = sorted(
-        [f"{s.name}/{w.name}" for s in specs for w in s.windows] + [f"{s.name}/dead_letters" for s in specs]
+        [f"{s.name}/{w.name}" for s in specs for w in s.windows]
+        + [f"{s.name}/dead_letters" for s in specs]
+        + sorted({f"streams/{st}" for s in specs for st in raw_streams(s)})  # one external asset per stream
     )
     assert got["assets"] == want_assets
     want_checks = sorted(
@@ -150,7 +153,8 @@ def test_partitions_match_the_pipeline(size: str, start: str) -> None:
     )
     defs = build_definitions(pipelines=[spec])
     repo = defs.get_repository_def()
-    pdefs = {repo.asset_graph.get(k).partitions_def for k in repo.asset_graph.get_all_asset_keys()}
+    keys = [k for k in repo.asset_graph.get_all_asset_keys() if k.path[0] != "streams"]  # streams: unpartitioned
+    pdefs = {repo.asset_graph.get(k).partitions_def for k in keys}
     assert len(pdefs) == 1
     pdef = pdefs.pop()
     assert isinstance(pdef, dg.TimeWindowPartitionsDefinition)

@@ -266,7 +266,8 @@ def empty_result_hint(spec: Pipeline, m: Manifest | None, window: str) -> str:
 
 
 def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
-    """Per kept epoch: the stream watermark, each segment's watermark and max event time."""
+    """Per kept epoch: its commit time, the pipeline watermark W, and each segment's watermark,
+    newest event time read and last chunk's ingestion time."""
     cp = Checkpoints(store, spec.name)
     rows = []
     for n in cp.committed():
@@ -285,11 +286,74 @@ def watermark_history(store: ObjectStore, spec: Pipeline) -> list[dict]:
     return rows
 
 
+def _finite(t: int | None) -> bool:
+    return t is not None and NEG_INF < t < INF
+
+
+def _stream_of(spec: Pipeline, segment: str) -> str:
+    """The raw stream a remap segment belongs to (`bids.0` of input `bids`), else the segment's input."""
+    for prefix, reader in spec.readers.items():
+        if segment.startswith(prefix):
+            return reader.stream or prefix.rstrip(".")
+    return segment
+
+
+def chart_series(spec: Pipeline, hist: list[dict]) -> dict:
+    """What the watermark chart draws, per stream (epochs on x, event times in ms on y, None
+    where undefined): the stream's W (the minimum over its segments; the pipeline's W for a
+    pipeline of one input), its newest event read, their difference (the event-time lag), and
+    each segment's W when the stream has several; plus the epoch the pipeline closed at."""
+    epochs = [h["epoch"] for h in hist]
+    segs = sorted({s for h in hist for s in h["segments"]}, key=_segment_order)
+    streams: dict[str, list[str]] = {}
+    for s in segs:
+        streams.setdefault(_stream_of(spec, s), []).append(s)
+    single = len(streams) <= 1
+    out: dict = {"epochs": epochs, "streams": {}, "closed_at": None}
+    for h in hist:
+        if h["watermark"] >= INF:
+            out["closed_at"] = h["epoch"]
+            break
+    for name, ss in streams.items():
+        wm, newest, lag = [], [], []
+        for h in hist:
+            d = [h["segments"][s] for s in ss if s in h["segments"]]
+            w = h["watermark"] if single else min((x["wm"] for x in d), default=NEG_INF)
+            t = max((x["max_t"] for x in d), default=NEG_INF)
+            wm.append(w if _finite(w) else None)
+            newest.append(t if _finite(t) else None)
+            lag.append(max(0, t - w) if _finite(w) and _finite(t) else None)
+        per_segment = {}
+        if len(ss) > 1:
+            for s in ss:
+                ws = [h["segments"].get(s, {}).get("wm") for h in hist]
+                per_segment[s] = [w if _finite(w) else None for w in ws]
+        out["streams"][name] = {"watermark": wm, "newest_event": newest, "lag": lag, "segments": per_segment}
+    if not streams and hist:  # a stage over derived streams: its own W only
+        out["streams"]["(derived inputs)"] = {
+            "watermark": [h["watermark"] if _finite(h["watermark"]) else None for h in hist],
+            "newest_event": [None] * len(hist),
+            "lag": [None] * len(hist),
+            "segments": {},
+        }
+    return out
+
+
+def _lag_unit(max_ms: float) -> tuple[str, float]:
+    """A unit people read for lags up to `max_ms`: s, min, h or d."""
+    for unit, ms, upto in (("s", 1000.0, 120), ("min", 60_000.0, 120), ("h", 3_600_000.0, 72)):
+        if max_ms < upto * ms:
+            return unit, ms
+    return "d", 86_400_000.0
+
+
 def _import_chart_modules() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates
     import matplotlib.pyplot
+    import matplotlib.ticker
 
 
 def preload_chart_modules() -> threading.Thread:
@@ -302,42 +366,123 @@ def preload_chart_modules() -> threading.Thread:
     return t
 
 
+CHART_VERSION = "2"  # part of the reuse key: a chart drawn by another version is drawn again
+
+
 def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool = False) -> Path:
-    """A PNG of watermark lag per segment over epochs: lag = last ingestion time − segment watermark.
+    """A PNG of the watermarks over the committed epochs, in event time (UTC): per stream its
+    watermark W and the newest event read (per segment too when a stream has several), and
+    below, the event-time lag of W (newest event read − W) in seconds, minutes, hours or days.
+    The x axis is the epoch (whole numbers); a closed stream's W = +inf is marked, not drawn.
 
     The chart is a function of the committed epochs (their manifests never change): with
     `reuse`, a chart at `path` drawn for the same store, pipeline and committed epochs (the key
     it carries in its PNG text says so) is returned as it is, not drawn again — the runs of one
     backlog all report the same epochs."""
     import hashlib
+    from datetime import UTC, datetime
 
     path = Path(path)
     key = hashlib.sha256(
-        f"{store.cfg.endpoint}|{store.bucket}|{spec.name}|{Checkpoints(store, spec.name).committed()}".encode()
+        f"{CHART_VERSION}|{store.cfg.endpoint}|{store.bucket}|{spec.name}|"
+        f"{Checkpoints(store, spec.name).committed()}".encode()
     ).hexdigest()
     if reuse and path.is_file() and key.encode() in path.read_bytes():
         return path
 
     _import_chart_modules()
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    hist = watermark_history(store, spec)
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    segs = sorted({s for h in hist for s in h["segments"]})
-    for s in segs:
-        xs, ys = [], []
-        for h in hist:
-            d = h["segments"].get(s)
-            if d and NEG_INF < d["wm"] < INF and d["ingest"] > NEG_INF:
-                xs.append(h["epoch"])
-                ys.append((d["ingest"] - d["wm"]) / 1000)
-        ax.plot(xs, ys, marker="o", label=f"segment {s}")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("watermark lag (s)")
-    ax.set_title(f"{spec.name}: watermark lag per segment")
-    if segs:
-        ax.legend(loc="best", fontsize="small")
-    ax.grid(alpha=0.3)
+    data = chart_series(spec, watermark_history(store, spec))
+    epochs = data["epochs"]
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 5.4), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
+
+    base = float(mdates.date2num(datetime(1970, 1, 1, tzinfo=UTC)))
+
+    def when(ts: list[int | None]) -> list[float]:
+        """Event times as Matplotlib dates (days), NaN (a gap in the line) where undefined."""
+        return [base + t / 86_400_000 if t is not None else float("nan") for t in ts]
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lags = [x for s in data["streams"].values() for x in s["lag"] if x is not None]
+    unit, per = _lag_unit(max(lags, default=0))
+    times = []
+    for i, (name, s) in enumerate(sorted(data["streams"].items())):
+        c = colors[i % len(colors)]
+        for j, (seg, ws) in enumerate(sorted(s["segments"].items())):
+            if any(w is not None for w in ws):
+                top.plot(epochs, when(ws), color=c, lw=0.9, alpha=0.55, ls=(0, (1, 1 + j)), label=f"segment {seg}: W")
+        if any(w is not None for w in s["watermark"]):
+            top.plot(epochs, when(s["watermark"]), color=c, lw=2, marker="o", ms=4, label=f"{name}: W")
+        if any(t is not None for t in s["newest_event"]):
+            top.plot(
+                epochs,
+                when(s["newest_event"]),
+                color=c,
+                lw=1.2,
+                ls="--",
+                marker="^",
+                ms=4,
+                label=f"{name}: newest event",
+            )
+        times += [
+            t
+            for series in (s["watermark"], s["newest_event"], *s["segments"].values())
+            for t in series
+            if t is not None
+        ]
+        if any(x is not None for x in s["lag"]):
+            ys = [x / per if x is not None else float("nan") for x in s["lag"]]
+            bottom.plot(epochs, ys, color=c, lw=1.6, marker="o", ms=4, label=name)
+    if times:
+        lo, hi = min(times), max(times)
+        pad = max(30_000, (hi - lo) // 10)  # a single instant still gets an axis of readable times
+        top.set_ylim(when([lo - pad])[0], when([hi + pad])[0])
+        top.yaxis_date(tz=UTC)
+        top.yaxis.set_major_locator(mdates.AutoDateLocator(tz=UTC, minticks=3, maxticks=7))
+        day = {(t - pad) // 86_400_000 for t in (lo, hi)} | {(t + pad) // 86_400_000 for t in (lo, hi)}
+        fmt = "%H:%M:%S" if hi - lo + 2 * pad < 7_200_000 else "%H:%M"
+        if len(day) > 1:
+            fmt = "%Y-%m-%d " + fmt
+        top.yaxis.set_major_formatter(mdates.DateFormatter(fmt, tz=UTC))
+        top.set_ylabel("event time (UTC" + (f", {iso(lo)[:10]})" if len(day) == 1 else ")"))
+        top.legend(loc="upper left", fontsize="x-small", ncol=2)
+    else:
+        top.text(0.5, 0.5, "no event read yet", ha="center", va="center", transform=top.transAxes)
+        top.set_yticks([])
+    if not lags:
+        why = "the stream is closed (W = +inf)" if data["closed_at"] is not None else "no watermark yet"
+        bottom.text(0.5, 0.5, f"no lag: {why}", ha="center", va="center", transform=bottom.transAxes, color="0.3")
+    if data["closed_at"] is not None:
+        for ax in (top, bottom):
+            ax.axvline(data["closed_at"], color="0.4", lw=1, ls=":")
+        top.annotate(
+            f"closed at epoch {data['closed_at']} (W = +inf)",
+            xy=(data["closed_at"], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4, -12),
+            textcoords="offset points",
+            ha="right",
+            fontsize="x-small",
+            color="0.3",
+        )
+    if not times:
+        top.set_ylabel("event time (UTC)")
+    fig.suptitle(f"{spec.name}: watermark W and newest event read, per stream and segment", fontsize="medium")
+    bottom.set_ylabel(f"lag ({unit})")
+    bottom.set_title("event-time lag of W = newest event read − W", fontsize="small")
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("epoch (committed)")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if epochs:
+        pad = 0.5 if len(epochs) > 1 else 1
+        bottom.set_xlim(min(epochs) - pad, max(epochs) + pad)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)  # the assets' chart directory; `wire status --plot` checked its own
     try:

@@ -52,7 +52,7 @@ from wire_dagster.spec import field_column, load_pipeline
 from wire_dagster.streams import read_stream
 from wire_dagster.timeutil import INF
 
-N_PER_SEGMENT = int(os.environ.get("WIRE_FAULT_EVENTS") or 1_500)
+N_PER_SEGMENT = int(os.environ.get("WIRE_FAULT_EVENTS") or 1_000)
 RATES = [float(r) for r in (os.environ.get("WIRE_FAULT_RATES") or "0.06").split(",")]
 ATTEMPTS = 6  # an operator's patience: tries of one command before the test gives up
 #: Seconds of 503s from the first request of `wire close`: longer than a command's retries (20 s).

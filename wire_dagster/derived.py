@@ -197,14 +197,20 @@ def _upstream_manifest(store: ObjectStore, spec: Pipeline, u: Upstream, n: int) 
 
 def predict(store: ObjectStore, spec: Pipeline, latest: Manifest | None) -> tuple[Planned, list[int]] | None:
     """The sensor's view of the next epoch: it, and the partitions it can make ready or change."""
-    plan = plan_epoch(store, spec, upstreams(spec), latest)
+    ups = upstreams(spec)
+    plan = plan_epoch(store, spec, ups, latest)
     if plan is None:
         return None
-    parts = set(partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, upstreams(spec))))
-    for lo, hi in plan.changed:
-        hi_end = hi + max(w.size for w in spec.windows)
-        parts |= {p for p in partitions.between(spec, lo, hi_end - 1) if partitions.ready(spec, plan.w_new, p)}
+    parts = set(partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups)))
+    parts |= {p for p in touched_partitions(spec, plan) if partitions.ready(spec, plan.w_new, p)}
     return plan, sorted(parts)
+
+
+def touched_partitions(spec: Pipeline, plan: Planned) -> set[int]:
+    """The partitions holding windows that the upstream changes of `plan` can touch: a window
+    overlapping a changed record range [lo, hi) ends in (lo, hi + size]."""
+    size = max(w.size for w in spec.windows)
+    return {p for lo, hi in plan.changed for p in partitions.between(spec, lo, hi + size - 1)}
 
 
 def _data_bounds(plan: Planned, ups: list[Upstream]) -> tuple[int, int | None]:
@@ -446,15 +452,13 @@ def _commit(
     fault("before-staging")
     outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {}
-    size = max(w.size for w in spec.windows) if spec.windows else 0
     for w in spec.windows:
         outputs.setdefault(w.name, {})
         new = rows_by.get(w.name)
         touched: set[int] = set()
         if new is not None and new.num_rows:
             touched |= set(partitions.starts(spec, new["window_end"]).to_pylist())
-        for lo, hi in plan.changed:  # partitions whose fired windows an upstream change can touch
-            touched |= {p for p in partitions.between(spec, lo, hi + size - 1) if str(p) in outputs[w.name]}
+        touched |= {p for p in touched_partitions(spec, plan) if str(p) in outputs[w.name]}
         for p in sorted(touched):
             prior = outputs[w.name].get(str(p))
             old = read_file(store, prior)

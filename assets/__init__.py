@@ -33,7 +33,17 @@ from wire_dagster.assetview import Verdict, raw_streams
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import format_duration, iso
 
-from .keys import BACKFILL_PROGRESS, WireWindow, dead_letter_key, is_backfill, pipeline_tags, window_key, wire_window
+from .keys import (
+    BACKFILL_PROGRESS,
+    PROGRESS,
+    REASON_TAG,
+    WireWindow,
+    dead_letter_key,
+    is_backfill,
+    pipeline_tags,
+    window_key,
+    wire_window,
+)
 from .metadata import (
     CODE_VERSION_TAG,
     DATA_VERSION_TAG,
@@ -289,8 +299,14 @@ def _materializations(spec: Pipeline, context, store, manifest, parts: list[int]
     }
     single = len(parts) == 1
     tags = {DATA_VERSION_USER_TAG: "true", CODE_VERSION_TAG: context.run.run_id, **_stream_provenance(spec)}
+    progress_only = set(context.run.tags.get(REASON_TAG, "").split(",")) == {PROGRESS}
     for p in parts:
         report, pk = partition_report(spec, manifest, p), partition_key(spec, p)
+        if progress_only and not any(v["rows"] for v in report["windows"].values()):
+            # A "progress" run commits an epoch that makes no partition ready (planner.py); the
+            # partition it names only carries the run: with no committed rows it is not reported.
+            context.log.info(f"partition {pk} has no content yet: not materialized (a progress run)")
+            continue
         for w in spec.windows:
             key = window_key(spec, w.name)
             if key not in selected:

@@ -63,6 +63,10 @@ SENSOR_NAME_TAG = "dagster/sensor_name"
 
 #: Run tags that make a run a backfill: Dagster's own (UI / GraphQL backfills) and `wire backfill`'s.
 BACKFILL_TAGS = ("dagster/backfill", "wire/backfill")
+#: Why the sensor requested a run: its requests' reasons (planner.Request.reason), comma-separated.
+REASON_TAG = "wire/reason"
+#: The reason of a run that only carries an epoch making no partition ready (planner.py).
+PROGRESS = "progress"
 
 #: Display only: `wire backfill` sets a callback (epochs replayed, epochs in total) around its
 #: in-process run to drive its progress bar; runs launched by the daemon leave it unset.

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 
 import dagster as dg
 
-from assets.keys import RUN_KEY_TAG, SENSOR_NAME_TAG, pipeline_tags
+from assets.keys import REASON_TAG, RUN_KEY_TAG, SENSOR_NAME_TAG, pipeline_tags
 from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
 from resources import ObjectStoreResource
 from wire_dagster.planner import parse_cursor, plan
@@ -147,7 +147,7 @@ def run_requests(spec: Pipeline, store, cursor: str | None) -> tuple[list[dg.Run
             **pipeline_tags(spec),
             SENSOR_NAME_TAG: sensor_name(spec),
             "wire/epoch": s.epochs,
-            "wire/reason": ",".join(s.reasons),
+            REASON_TAG: ",".join(s.reasons),
         }
         if s.first == s.last:
             reqs.append(

@@ -459,7 +459,7 @@ def start(s3_server, tmp: Path, remote: str | None = None, storage: dict | None 
     `remote`: a running Spark Connect server to attach the runs to (the session's, when there
     is one); otherwise one is started here for the stack. `storage`: a dagster.yaml `storage:`
     section for the instance in place of SQLite (devstack.instance_yaml), e.g. PostgreSQL."""
-    from wire_dagster.devstack import dagster_dev_command, ensure_dagster_home
+    from wire_dagster.devstack import DEV_ENV, dagster_dev_command, ensure_dagster_home
     from wire_dagster.objectstore import ObjectStore
     from wire_dagster.spec import load_pipeline
     from wire_dagster.streams import close_stream, produce
@@ -481,7 +481,7 @@ def start(s3_server, tmp: Path, remote: str | None = None, storage: dict | None 
 
     dev_env = clean_env()
     dev_env.update(stack.s3_env)
-    dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_TICK_LOG_LEVEL="INFO")
+    dev_env.update(DAGSTER_HOME=str(home), WIRE_PIPELINES=str(pdir), WIRE_TICK_LOG_LEVEL="INFO", **DEV_ENV)
     dev_env.update(
         WIRE_USER_ASSETS=USER_MODULE,
         PYTHONPATH=os.pathsep.join([str(tmp / "user_code"), *filter(None, [dev_env.get("PYTHONPATH")])]),

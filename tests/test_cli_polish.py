@@ -313,6 +313,7 @@ def test_help_pages_fit_and_say_what_options_take(cli_env) -> None:
         pages = dict(zip(map(tuple, COMMANDS), pool.map(lambda c: _help(c, env), COMMANDS), strict=True))
     for cmd, text in pages.items():
         assert "list[" not in text and "()" not in text, (cmd, text)
+        assert "<bool>" not in text, (cmd, text)  # typer's type of click's --help flag
         assert all(len(line) <= WIDTH for line in text.splitlines()), cmd
         # The description: each paragraph wraps at the terminal's width, never in the middle of a line.
         prose = text.split("╭")[0].splitlines()[3:]

@@ -196,6 +196,14 @@ def test_ctrl_c_stops_dagster_dev_and_the_embedded_servers(tmp_path: Path, how: 
         ]
         assert len(dagster_dev) == 1, [c.cmdline() for c in wire.children()]
         assert dagster_dev[0].environ().get("WIRE_SPARK_REMOTE") == url  # every run attaches to the server
+        # Dagster's daemon at WARNING: no two INFO lines per sensor every 5 s burying Wire's banner;
+        # the freshness daemon evaluates every 5 s, not 30.
+        cmd = dagster_dev[0].cmdline()
+        assert cmd[cmd.index("--log-level") + 1] == "warning", cmd
+        assert dagster_dev[0].environ().get("FRESHNESS_DAEMON_INTERVAL_SECONDS") == "5"
+        banner = log.read_text(errors="replace").rsplit("Wire is up", 1)
+        assert len(banner) == 2 and f"http://127.0.0.1:{port}" in banner[1], banner[-1][-2000:]
+        assert "Checking for new runs for sensor" not in log.read_text(errors="replace")
         procs = tree(
             proc
         )  # wire dev and its descendants and their groups: dagster dev's (webserver, daemon, code servers)

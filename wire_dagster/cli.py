@@ -18,16 +18,42 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
 
 from .errors import WireInputError
 
+
+class _PlainHelp:
+    """`--help` without a type column: typer shows click's help flag as `<bool>`."""
+
+    def get_help_option(self, ctx):
+        opt = super().get_help_option(ctx)  # pyright: ignore[reportAttributeAccessIssue]
+        if opt is not None:
+            opt.metavar = ""
+        return opt
+
+
+class _Command(_PlainHelp, TyperCommand):
+    pass
+
+
+class _Group(_PlainHelp, TyperGroup):
+    pass
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Wire: bounded-stream, event-time processing on Dagster and Spark."
+    cls=_Group,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Wire: bounded-stream, event-time processing on Dagster and Spark.",
 )
-s3_app = typer.Typer(add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
+s3_app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="The embedded S3 server (SeaweedFS).")
 app.add_typer(s3_app, name="s3")
 spark_app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="The embedded Spark Connect server (runs attach to it)."
+    cls=_Group,
+    add_completion=False,
+    no_args_is_help=True,
+    help="The embedded Spark Connect server (runs attach to it).",
 )
 app.add_typer(spark_app, name="spark")
 out = Console(soft_wrap=True)
@@ -139,7 +165,7 @@ def _progress() -> Progress:
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def produce(
     pipeline: str = typer.Option(
         "", "--pipeline", "-p", help="Pipeline (name or YAML path): append to its stream, with its checks."
@@ -206,7 +232,7 @@ def produce(
         )
 
 
-@app.command()
+@app.command(cls=_Command)
 def close(
     pipeline: str = typer.Option("", "--pipeline", "-p", help="Pipeline (name or YAML path) whose stream to close."),
     stream: str = typer.Option("", "--stream", help="Stream to close (shared by the pipelines that read it)."),
@@ -222,7 +248,7 @@ def close(
     out.print(f"sealed {len(sealed)} segments of {name}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
 
 
-@app.command()
+@app.command(cls=_Command)
 def process(
     pipeline: str = PIPELINE,
     max_epochs: int = typer.Option(100, help="Stop after this many epochs."),
@@ -258,7 +284,7 @@ def _options(verbose: bool = VERBOSE):
         os.environ["WIRE_DEBUG"] = "1"
 
 
-@app.command()
+@app.command(cls=_Command)
 def tick(pipeline: str = PIPELINE):
     """One evaluation of the pipeline's Dagster sensor, then every requested run to its commit.
 
@@ -307,7 +333,7 @@ def _parse_time(value: str | None, flag: str) -> int | None:
         ) from None
 
 
-@app.command()
+@app.command(cls=_Command)
 def backfill(
     pipeline: str = PIPELINE,
     start: str = typer.Option(
@@ -409,7 +435,7 @@ def _write_jsonl(rows: list[dict], cols: list[str]) -> None:
         sys.stdout.write(json.dumps({c: _jsonable(r.get(c)) for c in cols}) + "\n")
 
 
-@app.command()
+@app.command(cls=_Command)
 def read(
     pipeline: str = PIPELINE,
     window: str = typer.Option(..., "--window", "-w", help="Window name from the pipeline file."),
@@ -455,7 +481,7 @@ def read(
     _write_jsonl(t.to_pylist(), t.column_names)
 
 
-@app.command()
+@app.command(cls=_Command)
 def dlq(pipeline: str = PIPELINE, format: PrintFmt = typer.Option(PrintFmt.table, "--format")):
     """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position."""
     from .results import read_dead_letters
@@ -470,7 +496,7 @@ def dlq(pipeline: str = PIPELINE, format: PrintFmt = typer.Option(PrintFmt.table
     out.print(dead_letter_table(f"{spec.name}: dead letters of stream {spec.stream} ({len(rows)})", rows))
 
 
-@app.command()
+@app.command(cls=_Command)
 def status(
     pipeline: str = PIPELINE,
     as_json: bool = typer.Option(False, "--json", metavar="", help="Everything below as one JSON object."),
@@ -563,7 +589,7 @@ def status(
         out.print(f"watermark chart written to {plot}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def rewind(
     pipeline: str = PIPELINE, epoch: int = typer.Option(..., "--epoch", help="Committed epoch to make current again.")
 ):
@@ -576,7 +602,7 @@ def rewind(
     out.print(f"epoch {m.epoch} now points at epoch {epoch}: W = {iso(m.watermark)}, {len(m.replay)} epochs to replay")
 
 
-@app.command()
+@app.command(cls=_Command)
 def diff(
     pipeline: str = PIPELINE,
     from_epoch: int = typer.Option(
@@ -623,7 +649,7 @@ def diff(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def gc(
     pipeline: str = PIPELINE,
     keep: int = typer.Option(
@@ -642,7 +668,7 @@ def gc(
     out.print(f"deleted {res['epochs']} epochs and {res['files']} files")
 
 
-@app.command()
+@app.command(cls=_Command)
 def dev(port: int = typer.Option(3000, help="Dagster webserver port.")):
     """The embedded S3 and Spark Connect servers plus `dagster dev` with the example pipelines (Ctrl-C stops them)."""
     from .devstack import run_dev
@@ -652,7 +678,7 @@ def dev(port: int = typer.Option(3000, help="Dagster webserver port.")):
     raise typer.Exit(run_dev(port=port, pipelines=project_pipelines()))
 
 
-@app.command()
+@app.command(cls=_Command)
 def demo():
     """The main job end to end on the embedded default."""
     from .demo import run_demo
@@ -660,7 +686,7 @@ def demo():
     run_demo(console=out, pipelines=project_pipelines(), tick=_tick)
 
 
-@s3_app.command("start")
+@s3_app.command("start", cls=_Command)
 def s3_start():
     """Start (or reuse) the embedded S3 server."""
     from .embedded import EmbeddedS3, default_home
@@ -669,7 +695,7 @@ def s3_start():
     out.print(f"embedded S3 at {cfg.endpoint} (bucket {cfg.bucket})")
 
 
-@s3_app.command("stop")
+@s3_app.command("stop", cls=_Command)
 def s3_stop():
     """Stop the embedded S3 server (by its process group)."""
     from .embedded import EmbeddedS3, default_home
@@ -680,7 +706,7 @@ def s3_stop():
     out.print("embedded S3 stopped" if was_running else f"embedded S3 was not running (in {server.dir})")
 
 
-@spark_app.command("start")
+@spark_app.command("start", cls=_Command)
 def spark_start(
     master: str = typer.Option(
         None, "--master", help="Spark master of a new server (default: WIRE_SPARK_MASTER, else local[*])."
@@ -708,7 +734,7 @@ def spark_start(
     out.print(url, markup=False, highlight=False)
 
 
-@spark_app.command("stop")
+@spark_app.command("stop", cls=_Command)
 def spark_stop():
     """Stop the embedded Spark Connect server (by its process group)."""
     from .procgroup import default_home
@@ -720,7 +746,7 @@ def spark_stop():
     out.print("embedded Spark stopped" if was_running else f"embedded Spark was not running (in {server.dir})")
 
 
-@spark_app.command("status")
+@spark_app.command("status", cls=_Command)
 def spark_status():
     """Print the embedded Spark Connect server's URL, or say it is not running (exit 1)."""
     from .procgroup import default_home

@@ -116,12 +116,42 @@ def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
             time.sleep(0.2)
 
 
-def dagster_dev_command(port: int, host: str = "127.0.0.1") -> list[str]:
+#: The environment `dagster dev` gets from `wire dev` (and the tests' stacks): Dagster's freshness
+#: daemon evaluates the assets' freshness policies every 5 s instead of 30 s, so a window's status
+#: in the UI follows its partitions as closely as the sensors do.
+DEV_ENV = {"FRESHNESS_DAEMON_INTERVAL_SECONDS": "5"}
+
+#: Dagster's services log at this level under `wire dev` (WIRE_DEV_LOG_LEVEL overrides): at INFO the
+#: daemon writes two lines per sensor every 5 s, which buries what Wire prints. Runs, ticks and
+#: their logs stay in the UI whatever the level.
+DEV_LOG_LEVEL = "warning"
+
+
+def dagster_dev_command(port: int, host: str = "127.0.0.1", log_level: str | None = None) -> list[str]:
     ws = PROJECT / "workspace.yaml"
     if not ws.is_file():
         raise WireInputError(f"workspace.yaml not found beside the package ({ws}); run wire dev from a source checkout")
     exe = Path(sys.executable).parent / "dagster"
-    return [str(exe), "dev", "-w", str(ws), "-h", host, "-p", str(port)]
+    return [str(exe), "dev", "-w", str(ws), "-h", host, "-p", str(port)] + (
+        ["--log-level", log_level] if log_level else []
+    )
+
+
+def _wait_for_ui(proc: subprocess.Popen, port: int, timeout_s: float = 300.0) -> bool:
+    """Whether Dagster's webserver answers on `port` before `proc` exits or `timeout_s` passes."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    return False
 
 
 class _Stop(Exception):
@@ -166,17 +196,27 @@ def run_dev(port: int = 3000, pipelines: Path | None = None) -> int:
         env.update(cfg.export_env())
         env["DAGSTER_HOME"] = str(home)
         env.setdefault("PYSPARK_PYTHON", sys.executable)
+        for k, v in DEV_ENV.items():
+            env.setdefault(k, v)
         if pipelines is not None:
             env["WIRE_PIPELINES"] = str(Path(pipelines).resolve())
         if spark is not None:
             spark_at = env["WIRE_SPARK_REMOTE"] = spark.start(wait=False)  # the running one, or launched now
         # Its own session: a terminal's Ctrl-C reaches only `wire dev`, which stops the group in order.
-        proc = subprocess.Popen(dagster_dev_command(port), cwd=str(PROJECT), env=env, start_new_session=True)
+        level = os.environ.get("WIRE_DEV_LOG_LEVEL", "").strip().lower() or DEV_LOG_LEVEL
+        cmd = dagster_dev_command(port, log_level=level)
+        proc = subprocess.Popen(cmd, cwd=str(PROJECT), env=env, start_new_session=True)
         if spark is not None:
             spark.wait_ready()  # while dagster dev loads its code location
+        # Printed once the UI answers, so it is the last thing on the screen rather than above
+        # Dagster's start-up lines.
+        up = _wait_for_ui(proc, port)
         print(
-            f"embedded S3 at {cfg.endpoint}; Spark at {spark_at}; Dagster UI at http://127.0.0.1:{port} "
-            f"(DAGSTER_HOME={home}); Ctrl-C stops them",
+            "\nWire is up" + ("" if up else " (the Dagster UI did not answer yet)") + "\n"
+            f"  Dagster UI  http://127.0.0.1:{port}  (DAGSTER_HOME={home})\n"
+            f"  S3          {cfg.endpoint}  (bucket {cfg.bucket})\n"
+            f"  Spark       {spark_at}\n"
+            f"  Dagster logs at {level} (WIRE_DEV_LOG_LEVEL=info for more); Ctrl-C stops them\n",
             flush=True,
         )
         code = proc.wait()

@@ -271,13 +271,13 @@ def _chart(spec: Pipeline, context: dg.AssetExecutionContext, store, manifest) -
     """Draw the watermark chart of the committed epochs, keep it beside them in the store and
     return its metadata (inline image, local path). The store failing to keep it only costs the
     inline image."""
-    from wire_dagster.assetview import chart_url, keep_chart
+    from wire_dagster.assetview import chart_links, chart_url, keep_chart
     from wire_dagster.errors import WireError
     from wire_dagster.status import plot_watermarks
 
     path = plot_watermarks(store, spec, chart_path(spec), reuse=True)
     url = None
-    if manifest is not None:
+    if manifest is not None and chart_links():
         try:
             url = chart_url(store, keep_chart(store, spec, path.read_bytes(), manifest.epoch))
         except WireError as e:

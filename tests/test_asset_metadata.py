@@ -267,7 +267,9 @@ def am(store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     return pipeline_from_dict(PIPELINE)
 
 
-def test_window_metadata_per_partition_matches_what_is_committed(store, spark, am, tmp_path: Path) -> None:
+def test_window_metadata_per_partition_matches_what_is_committed(
+    store, spark, am, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dagster as dg
 
     from definitions import build_definitions
@@ -309,6 +311,7 @@ def test_window_metadata_per_partition_matches_what_is_committed(store, spark, a
         md = got["watermark_chart"]
         assert isinstance(md, str) and len(md) < 1000 and md.startswith("![watermarks in event time")
         url = md[md.index("](") + 2 : -1]
+        assert store.cfg.secret_key not in url and store.cfg.access_key in url  # the key id, never the secret
         with urllib.request.urlopen(url, timeout=30) as r:
             assert r.read(8) == b"\x89PNG\r\n\x1a\n"
     stream = _mats(instance, res.run_id, ["streams", "am_s"])[None]
@@ -329,8 +332,10 @@ def test_window_metadata_per_partition_matches_what_is_committed(store, spark, a
     _produce(store, spec, tmp_path, "late", _events(T0 + 10_000, T0 + 20_000, 5_000, "late"), "1")
     _produce(store, spec, tmp_path, "more", _events(T0 + 4 * M, T0 + 6 * M, 4_000, "c"), "0")
     tags = {"dagster/asset_partition_range_start": key_of(T0), "dagster/asset_partition_range_end": key_of(T0 + 2 * M)}
+    monkeypatch.setenv("WIRE_CHART_LINKS", "0")  # no presigned link: the chart by its path only
     res = job.execute_in_process(instance=instance, tags=tags)
     assert res.success
+    monkeypatch.delenv("WIRE_CHART_LINKS")
     m = cp.latest()
     assert m is not None and m.counts.late.get("per_minute", 0) >= 1
     parts = [T0, T0 + M, T0 + 2 * M]
@@ -339,6 +344,7 @@ def test_window_metadata_per_partition_matches_what_is_committed(store, spark, a
         assert set(got) == {key_of(p) for p in parts}
         for p in parts:
             assert got[key_of(p)]["rows"] == m.outputs[w.name][str(p)].rows
+            assert "watermark_chart" not in got[key_of(p)] and got[key_of(p)]["watermark_chart_path"]
             # As the output path records it: no partition is "unsynced" by the stream's growth.
             assert got[key_of(p)]["_tags"]["dagster/input_data_version/streams/am_s"] == "INITIAL"
         evs = [e for e in _checks(instance, [spec.name, w.name], "partition_complete") if e.run_id == res.run_id]

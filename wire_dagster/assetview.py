@@ -374,6 +374,15 @@ def raw_streams(spec: Pipeline) -> list[str]:
 CHART_URL_SECONDS = 7 * 24 * 3600
 #: The S3 endpoint the browser reaches, when it is not the one the runs use (a container's name).
 PUBLIC_ENDPOINT_ENV = "WIRE_S3_PUBLIC_ENDPOINT"
+#: `0` (or `off`): no chart link in the metadata. A link is a presigned GET of one PNG: it carries
+#: the access key *id* (an identifier, not the secret) and a signature, and lets whoever holds it
+#: read that one object for 7 days; a deployment that wants no such capability in Dagster's
+#: storage turns it off and the chart is shown by its path only.
+CHART_LINKS_ENV = "WIRE_CHART_LINKS"
+
+
+def chart_links() -> bool:
+    return os.environ.get(CHART_LINKS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def chart_key(spec: Pipeline, epoch: int) -> str:

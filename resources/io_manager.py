@@ -4,8 +4,8 @@ Wire's window assets are written by Wire's commit protocol, never by an IO manag
 yield `MaterializeResult`s without a value (and range runs log `AssetMaterialization`s), and
 Dagster does not call `handle_output` for a result without a value. This IO manager only loads:
 the rows the latest committed manifest names for the partitions the input maps to
-(`wire_dagster.load.read_window`, what `wire read` shows), as a pyarrow Table, or a pandas (or
-Polars) DataFrame when the input is annotated so:
+(`wire_dagster.load.read_window`, what `wire read` shows), as a pyarrow Table, or a pandas, Polars
+or Spark DataFrame when the input is annotated so:
 
     @dg.asset(partitions_def=counts.partitions_def, ins={"counts": dg.AssetIn(key=counts.key)})
     def mine(counts: pa.Table): ...
@@ -74,9 +74,16 @@ def _as(table: pa.Table, typ: Any, what: str) -> Any:
         import polars  # pyright: ignore[reportMissingImports]  # optional: only when an input asks for it
 
         return polars.from_arrow(table)
+    if name == "DataFrame" and module.startswith("pyspark"):
+        # The run's Spark session (WIRE_SPARK_REMOTE / WIRE_SPARK_MASTER, as the window assets
+        # resolve it); the rows go from Arrow to Spark without pandas. A window's committed result
+        # is bounded by its keys and windows, not by the events.
+        from wire_dagster.sparksession import get_spark
+
+        return get_spark(app="wire-dagster").createDataFrame(table)
     raise dg.DagsterInvariantViolationError(
-        f"{what}: the Wire IO manager loads a pyarrow.Table, a pandas.DataFrame or a polars.DataFrame, "
-        f"not {module}.{name}"
+        f"{what}: the Wire IO manager loads a pyarrow.Table, a pandas.DataFrame, a polars.DataFrame "
+        f"or a pyspark.sql.DataFrame, not {module}.{name}"
     )
 
 
@@ -89,7 +96,7 @@ class StoreProvider(Protocol):
 
 class WireIOManager(dg.ConfigurableIOManager):
     """Loads a Wire window's committed rows (the latest commit's content of the partitions an input
-    maps to) as a pyarrow Table, or a pandas / Polars DataFrame when the input is annotated so.
+    maps to) as a pyarrow Table, or a pandas / Polars / Spark DataFrame when the input is annotated so.
     Writes nothing: Wire's window assets are committed by their own runs."""
 
     store: dg.ResourceDependency[StoreProvider]  # the object store the pipelines commit to (wire_store)

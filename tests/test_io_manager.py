@@ -142,6 +142,15 @@ def test_io_manager_loads_a_partition_a_range_and_everything(store, spark, click
             # Spans with a gap: partitions 0 and 2.
             gap = read_window(store, spec.name, w.name, spans=[(parts[0], parts[1]), (parts[2], parts[3])])
             assert_rows(spec, w.name, gap, expected(spec, w.name, {parts[0], parts[2]}))
+        # Annotated `pyspark.sql.DataFrame`: the same rows in the run's Spark session.
+        from pyspark.sql import DataFrame as SparkFrame
+
+        from resources.io_manager import _as
+
+        table = io.load_input(dg.build_input_context(asset_key=window_key(spec, "sessions")))
+        sdf = _as(table, SparkFrame, "sessions")
+        assert isinstance(sdf, SparkFrame) and sdf.columns == table.column_names
+        assert_rows(spec, "sessions", sdf.toArrow().cast(table.schema), expected(spec, "sessions"))
         # A partition with no result: an empty table with the window's columns.
         ctx = dg.build_input_context(
             asset_key=window_key(spec, "sessions"),

@@ -241,6 +241,11 @@ def test_a_cycle_and_unbuilt_forms_are_refused(tmp_path: Path) -> None:
         (tmp_path / f"{body['name']}.yaml").write_text(yaml.safe_dump(body))
     with pytest.raises(WireInputError, match=r"cycle: a -> b -> a|cycle: b -> a -> b"):
         upstreams(load_pipeline(tmp_path / "a.yaml"))
+    # The code location's check walks the same graph, over its specs (definitions.py).
+    from wire_dagster.derived import check_graph
+
+    with pytest.raises(WireInputError, match=r"^pipelines form a cycle: (a -> b -> a|b -> a -> b); a dataflow"):
+        check_graph([load_pipeline(tmp_path / "a.yaml"), load_pipeline(tmp_path / "b.yaml")])
     mixed = {**DOWN, **COMMON, "inputs": [*DOWN["inputs"], {"name": "raw", "stream": "s", "time": "ts"}]}
     with pytest.raises(WireInputError, match="raw streams and derived streams in one pipeline"):
         pipeline_from_dict(mixed)

@@ -75,22 +75,39 @@ def upstreams(spec: Pipeline, directory: Path | None = None) -> list[Upstream]:
                 f"inputs.{inp.name}.output: pipeline {inp.pipeline!r} has no window {inp.output!r}; choose one of: "
                 + ", ".join(w.name for w in up.windows)
             )
-        _no_cycle(spec.name, up, where, [spec.name, up.name])
+        if cycle := find_cycle(spec, _lookup_in(where)):
+            raise WireInputError(
+                f"inputs: pipelines {spec.name!r}'s inputs form a cycle: {cycle}; a dataflow is acyclic"
+            )
         out.append(Upstream(inp, up, window))
     return out
 
 
-def _no_cycle(origin: str, spec: Pipeline, where: Path, path: list[str]) -> None:
-    for inp in spec.derived:
-        assert inp.pipeline is not None
-        if inp.pipeline in path:
-            cycle = " -> ".join([*path[path.index(inp.pipeline) :], inp.pipeline][::-1])
-            raise WireInputError(f"inputs: pipelines {origin!r}'s inputs form a cycle: {cycle}; a dataflow is acyclic")
+def _lookup_in(where: Path) -> Callable[[str], Pipeline | None]:
+    def lookup(name: str) -> Pipeline | None:
         try:
-            up = find_pipeline(inp.pipeline, where)
+            return find_pipeline(name, where)
         except WireInputError:
-            continue  # reported when that pipeline runs
-        _no_cycle(origin, up, where, [*path, up.name])
+            return None  # a missing pipeline is reported where it is read, not as a cycle
+
+    return lookup
+
+
+def find_cycle(spec: Pipeline, lookup: Callable[[str], Pipeline | None]) -> str | None:
+    """The first cycle through the derived inputs reachable from `spec` (`a -> b -> a`, the
+    direction data flows), found by one depth-first walk; `lookup` resolves a pipeline's name
+    (None: not there, so no cycle through it)."""
+    todo = [(spec, [spec.name])]
+    while todo:
+        cur, path = todo.pop()
+        for inp in cur.derived:
+            name = inp.pipeline or ""
+            if name in path:
+                return " -> ".join([*path[path.index(name) :], name][::-1])
+            up = lookup(name)
+            if up is not None:
+                todo.append((up, [*path, name]))
+    return None
 
 
 def check_graph(specs: list[Pipeline]) -> None:
@@ -112,15 +129,8 @@ def check_graph(specs: list[Pipeline]) -> None:
                     f"{inp.output!r}; choose one of: " + ", ".join(w.name for w in up.windows)
                 )
     for spec in specs:
-        path = [spec.name]
-        todo = [(spec, path)]
-        while todo:
-            cur, path = todo.pop()
-            for inp in cur.derived:
-                if inp.pipeline in path:
-                    cycle = " -> ".join([*path[path.index(inp.pipeline) :], inp.pipeline][::-1])
-                    raise WireInputError(f"pipelines form a cycle: {cycle}; a dataflow is acyclic")
-                todo.append((by_name[inp.pipeline or ""], [*path, inp.pipeline or ""]))
+        if cycle := find_cycle(spec, by_name.get):
+            raise WireInputError(f"pipelines form a cycle: {cycle}; a dataflow is acyclic")
 
 
 def record_spec(spec: Pipeline, inp: Input) -> Pipeline:

@@ -94,7 +94,16 @@ JOIN = {
             "window": {"type": "tumbling", "size": "10s"},
             "where": "right.n > left.n",
             "select": {"n10": "left.n", "n20": "right.n", "end20": "right.window_end"},
-        }
+        },
+        {  # the same pairs within sliding windows of 20 s every 10 s: a pair can meet in two
+            "name": "bigger_sliding",
+            "type": "join",
+            "left": "ten",
+            "right": "slides",
+            "window": {"type": "sliding", "size": "20s", "slide": "10s"},
+            "where": "right.n > left.n",
+            "select": {"n10": "left.n", "n20": "right.n", "end20": "right.window_end"},
+        },
     ],
 }
 
@@ -105,14 +114,17 @@ def _files(d: Path) -> dict:
     return {name: load_pipeline(d / f"{name}.yaml") for name in ("up", "down", "hottest", "pairs")}
 
 
-def _join_reference(ten: list[dict], slides: list[dict]) -> list[tuple]:
-    """Nested loops: pairs with equal keys whose event times (window_end - 1) share a 10 s window."""
+def _join_reference(ten: list[dict], slides: list[dict], size: int = 10_000, slide: int = 10_000) -> list[tuple]:
+    """Nested loops over every window start: pairs with equal keys whose event times
+    (window_end - 1) both lie in [start, start + size)."""
+    times = [r["window_end"] - 1 for r in ten + slides]
     out = []
-    for a in ten:
-        for b in slides:
-            wa, wb = (a["window_end"] - 1) // 10_000, (b["window_end"] - 1) // 10_000
-            if a["key"] == b["key"] and wa == wb and b["n"] > a["n"]:
-                out.append((a["key"], wa * 10_000, wa * 10_000 + 10_000, a["n"], b["n"], b["window_end"]))
+    for start in range(min(times) // slide * slide - size, max(times) + 1, slide):
+        for a in ten:
+            for b in slides:
+                inside = all(start <= r["window_end"] - 1 < start + size for r in (a, b))
+                if inside and a["key"] == b["key"] and b["n"] > a["n"]:
+                    out.append((a["key"], start, start + size, a["n"], b["n"], b["window_end"]))
     return sorted(out)
 
 
@@ -197,6 +209,9 @@ def test_two_stage_graphs_equal_the_composition_of_final_upstream_results(
     cols = ("key", "window_start", "window_end", "n10", "n20", "end20")
     joined = sorted(tuple(r[c] for c in cols) for r in results.read_results(store, pairs, "bigger").to_pylist())
     assert joined and joined == _join_reference(ten, slides)
+    joined = sorted(tuple(r[c] for c in cols) for r in results.read_results(store, pairs, "bigger_sliding").to_pylist())
+    assert joined and joined == _join_reference(ten, slides, size=20_000, slide=10_000)
+    assert len({r[:3] for r in joined}) > len({r[0] for r in joined})  # rows of overlapping windows
     # A backfill recomputes every partition from the upstream content each stage read: the same
     # bytes, so nothing is committed (Dagster's data versions stay the same).
     for spec in (down, hottest, pairs):

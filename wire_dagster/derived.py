@@ -414,7 +414,7 @@ JOIN_KEY, JOIN_T = "__wire_key", "__wire_t"  # a record's key and event time, be
 
 def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
     """A windowed join (DESIGN §4): every pair of a `left` and a `right` record with equal keys
-    (null keys equal) in the same tumbling window for which `where` holds, as the `select`
+    (null keys equal) in the same tumbling or sliding window for which `where` holds, as the `select`
     columns, with `key`, `window_start`, `window_end` and `retract` (false). DuckDB, over the
     records of the windows computed (the caller keeps those)."""
     from .duck import duckdb_connection
@@ -430,12 +430,14 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
                 return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
             con.register(names[side], pa.concat_tables(parts, promote_options="permissive"))
             registered.append(names[side])
-        start = f"{JOIN_T} - ((({JOIN_T} - {w.offset}) % {w.size}) + {w.size}) % {w.size}"
+        # the start of the last window holding a record (windows.assign), and each window's start
+        last = f"{JOIN_T} - ((({JOIN_T} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide}"
+        starts = f"UNNEST(range({last} - {w.size - w.slide}, {last} + 1, {w.slide}))"
         cols = ", ".join(f'"{c.side}"."{c.column}" AS "{c.name}"' for c in w.select)
         cond = f" AND ({quote_sides(w.where)})" if w.where else ""
         sql = f"""
-            WITH l AS (SELECT *, {start} AS __ws FROM {names["left"]}),
-                 r AS (SELECT *, {start} AS __ws FROM {names["right"]})
+            WITH l AS (SELECT *, {starts} AS __ws FROM {names["left"]}),
+                 r AS (SELECT *, {starts} AS __ws FROM {names["right"]})
             SELECT "left".{JOIN_KEY} AS key, "left".__ws AS window_start, "left".__ws + {w.size} AS window_end,
                    {cols}, FALSE AS retract
             FROM l AS "left" JOIN r AS "right"

@@ -72,8 +72,8 @@ class WindowSpec(BaseModel):
     gap: int = 0  # ms; session
     gap_field: str | None = None  # session: per-event gap (ms) field
     aggregates: tuple[Aggregate, ...]
-    # join: pairs of `left` and `right` records with equal keys in the same tumbling window
-    # (`size`, `offset`), as `select` columns, where the optional `where` (SQL over left./right.) holds
+    # join: pairs of `left` and `right` records with equal keys in the same tumbling or sliding
+    # window (`size`, `slide`, `offset`), as `select` columns, where the optional `where` (SQL over left./right.) holds
     left: str | None = None
     right: str | None = None
     select: tuple[JoinColumn, ...] = ()
@@ -87,7 +87,7 @@ class WindowSpec(BaseModel):
     @property
     def step(self) -> int:
         """The alignment step partitions must be a multiple of."""
-        return {"tumbling": self.size, "sliding": self.slide, "join": self.size}.get(self.type, 0)
+        return {"tumbling": self.size, "sliding": self.slide, "join": self.slide}.get(self.type, 0)
 
 
 class Orchestration(BaseModel):
@@ -346,6 +346,12 @@ def _window(raw: object, i: int) -> WindowSpec:
             raise WireInputError(f"{where}.gap: must be > 0")
         gap_field = _field(raw["gap_field"], f"{where}.gap_field") if raw.get("gap_field") else None
         return WindowSpec(name=name, type="session", gap=gap, gap_field=gap_field, aggregates=aggs)
+    size, slide, offset = _extent(raw, wtype, where)
+    return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs)
+
+
+def _extent(raw: dict, wtype: str, where: str) -> tuple[int, int, int]:
+    """(size, slide, offset) of a tumbling or sliding window (`raw`: its mapping)."""
     size = parse_duration(_req(raw, "size", where), f"{where}.size")
     if size <= 0:
         raise WireInputError(f"{where}.size: must be > 0")
@@ -362,14 +368,15 @@ def _window(raw: object, i: int) -> WindowSpec:
     offset = parse_duration(raw.get("offset", 0), f"{where}.offset")
     if offset >= slide:
         raise WireInputError(f"{where}.offset: must be shorter than the {'slide' if wtype == 'sliding' else 'size'}")
-    return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs)
+    return size, slide, offset
 
 
 _SIDE_RE = re.compile(r"^\s*(left|right)\.([A-Za-z_][A-Za-z0-9_]*)\s*$")
 
 
 def _join(raw: dict, name: str, where: str) -> WindowSpec:
-    """`type: join`: `left`, `right` (inputs), `window: {type: tumbling, size}`, `select`, `where`."""
+    """`type: join`: `left`, `right` (inputs), `window: {type: tumbling|sliding, size[, slide]}`,
+    `select`, `where`."""
     extra = set(raw) - {"name", "type", "left", "right", "window", "select", "where"}
     if extra:
         raise WireInputError(
@@ -378,12 +385,16 @@ def _join(raw: dict, name: str, where: str) -> WindowSpec:
     left = check_name(_req(raw, "left", where), f"{where}.left")
     right = check_name(_req(raw, "right", where), f"{where}.right")
     win = _req(raw, "window", where)
-    if not isinstance(win, dict) or win.get("type") != "tumbling" or set(win) - {"type", "size", "offset"}:
-        raise WireInputError(f"{where}.window: a join's window is tumbling, e.g. {{type: tumbling, size: 10s}}")
-    size = parse_duration(_req(win, "size", f"{where}.window"), f"{where}.window.size")
-    offset = parse_duration(win.get("offset", 0), f"{where}.window.offset")
-    if size <= 0 or not 0 <= offset < size:
-        raise WireInputError(f"{where}.window: size must be > 0 and offset shorter than it")
+    if (
+        not isinstance(win, dict)
+        or win.get("type") not in ("tumbling", "sliding")
+        or set(win) - {"type", "size", "slide", "offset"}
+    ):
+        raise WireInputError(
+            f"{where}.window: a join's window is tumbling or sliding, e.g. {{type: tumbling, size: 10s}} "
+            "or {type: sliding, size: 10s, slide: 5s}"
+        )
+    size, slide, offset = _extent(win, str(win["type"]), f"{where}.window")
     sel = raw.get("select")
     if not isinstance(sel, dict) or not sel:
         raise WireInputError(f"{where}.select: give the output columns, e.g. {{name: left.name, n: right.n}}")
@@ -404,7 +415,7 @@ def _join(raw: dict, name: str, where: str) -> WindowSpec:
         name=name,
         type="join",
         size=size,
-        slide=size,
+        slide=slide,
         offset=offset,
         aggregates=(),
         left=left,

@@ -71,7 +71,7 @@ def _as(table: pa.Table, typ: Any, what: str) -> Any:
     if name == "DataFrame" and module.startswith("pandas"):
         return table.to_pandas()
     if name == "DataFrame" and module.startswith("polars"):
-        import polars  # pyright: ignore[reportMissingImports]  # optional: only when an input asks for it
+        import polars  # optional for users: imported only when an input asks for it
 
         return polars.from_arrow(table)
     if name == "DataFrame" and module.startswith("pyspark"):

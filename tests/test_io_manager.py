@@ -151,6 +151,12 @@ def test_io_manager_loads_a_partition_a_range_and_everything(store, spark, click
         sdf = _as(table, SparkFrame, "sessions")
         assert isinstance(sdf, SparkFrame) and sdf.columns == table.column_names
         assert_rows(spec, "sessions", sdf.toArrow().cast(table.schema), expected(spec, "sessions"))
+        # Annotated `polars.DataFrame`: the same rows, zero-copy from Arrow where Polars can.
+        import polars
+
+        pdf = _as(table, polars.DataFrame, "sessions")
+        assert isinstance(pdf, polars.DataFrame) and pdf.columns == table.column_names
+        assert_rows(spec, "sessions", pdf.to_arrow().cast(table.schema), expected(spec, "sessions"))
         # A partition with no result: an empty table with the window's columns.
         ctx = dg.build_input_context(
             asset_key=window_key(spec, "sessions"),

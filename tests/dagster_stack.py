@@ -245,6 +245,15 @@ class Stack:
         parts = sorted({pk for r in runs for pk in run_partitions(r)})
         if not self.to_report() <= set(parts):
             return None  # a committed epoch whose partitions the sensor has not asked for yet
+        # A partition only "progress" runs were named after, with no committed content, is not
+        # materialized (assets._materializations): it is not among the partitions reported.
+        progress_only = {
+            pk
+            for pk in parts
+            if all(r["tags"].get("wire/reason") == "progress" for r in runs if pk in run_partitions(r))
+            and not any(partition_ms(pk) in v for v in versions.values())
+        }
+        parts = [pk for pk in parts if pk not in progress_only]
         mats = {}
         for w in self.spec.windows:
             mats[w.name] = self.latest_materializations(w.name, parts)

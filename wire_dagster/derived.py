@@ -346,15 +346,44 @@ def _files(spec: Pipeline, ups: list[Upstream], plan: Planned) -> list[tuple[str
     return out
 
 
+def _blocks(spec: Pipeline, ups: list[Upstream], files: list[tuple[str, int, str]], per: int) -> list[Block]:
+    """The recomputation split by event time: blocks [lo, hi) tiling the time axis (the first
+    from -inf, the last to +inf), cut at upstream partition starts so that each block owns at
+    most `per` files. A block computes the windows whose `window_end - 1` it holds, from the
+    files overlapping [lo - the longest window, hi) (a window's records lie within it), and
+    counts the records of the files it owns (those starting in it): each file is counted once."""
+    starts = sorted({p for _, p, _ in files})
+    cuts = starts[per::per]  # a block starts at every per-th distinct upstream partition start
+    bounds = [NEG_INF, *cuts, INF]
+    size = max(w.size for w in spec.windows)
+    span = {u.input.name: u.spec.partition for u in ups}
+    out = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        reads = [f for f in files if f[1] < hi and (lo <= NEG_INF or f[1] + span[f[0]] > lo - size)]
+        owns = [f[2] for f in reads if lo <= f[1] < hi]
+        if reads:
+            out.append(Block(lo, hi, reads, owns))
+    return out
+
+
+@dataclass(frozen=True)
+class Block:
+    lo: int
+    hi: int
+    reads: list[tuple[str, int, str]]  # (input, upstream partition, key)
+    owns: list[str]  # the keys whose records this block counts
+
+
 def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Planned, spark):
-    """The computed windows' rows, per window, from one Spark task that reads the upstream files
-    (their records as the pipeline reads them) and aggregates them with the kernel's code."""
+    """The computed windows' rows, per window, from Spark tasks that read the upstream files
+    (their records as the pipeline reads them) and aggregate them with the kernel's code; one
+    task per block of event time (`_blocks`), one task in all for a few files."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
     from .events import ERR, KEY, ROW, TIME, chunk_schema
     from .extract import pipeline_events
     from .kernel import _fs, _read_key
 
-    files = _files(spec, ups, plan)
+    blocks = _blocks(spec, ups, _files(spec, ups, plan), settings.derived_block_files())
     readers = {u.input.name: record_spec(spec, u.input) for u in ups}
     opts, bucket = store.fs_options(), store.bucket
     schema = chunk_schema(spec).append(pa.field(SEG, pa.string())).append(pa.field(SEQ, pa.int64()))
@@ -363,16 +392,21 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     joins = [w for w in spec.windows if w.type == "join"]
 
     def task(batches):
-        for _ in batches:  # the one driving row
-            pass
+        for b in batches:  # the driving rows: block numbers
+            for i in b.column("id").to_pylist():
+                yield from block_rows(blocks[i])
+
+    def block_rows(block: Block):
         fs = _fs(opts)
         parts = []
+        owned = 0
         records: dict[str, list[pa.Table]] = {}  # input -> its rows as read (for joins): columns + _key, _t
-        for name, p, key in files:
+        for name, p, key in block.reads:
             t = _read_key(fs, bucket, key, None, [])
-            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
+            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))
             ev = pipeline_events(readers[name], records_chunk_of(t), _FAR)
             good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
+            owned += good.num_rows if key in block.owns else 0
             if joins:
                 rows = t.take(good[ROW]).append_column(JOIN_KEY, good[KEY]).append_column(JOIN_T, good[TIME])
                 records.setdefault(name, []).append(rows)
@@ -388,14 +422,21 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         )
         for w in joins:
             out[("out", w.name)] = join_rows(w, records)
-        keep = {("n", ""): pa.table({"n": pa.array([events.num_rows], pa.int64())})}
+        keep = {("n", ""): pa.table({"n": pa.array([owned], pa.int64())})}
         for w in spec.windows:
             rows = out.get(("out", w.name))
             if rows is not None and rows.num_rows:
-                keep[("out", w.name)] = rows.filter(plan.computed(rows["window_start"], rows["window_end"]))
+                last = pc.subtract(rows["window_end"], 1)  # pyright: ignore[reportAttributeAccessIssue]
+                mine = pc.and_(pc.greater_equal(last, block.lo), pc.less(last, block.hi))  # pyright: ignore[reportAttributeAccessIssue]
+                keep[("out", w.name)] = rows.filter(
+                    pc.and_(mine, plan.computed(rows["window_start"], rows["window_end"]))  # pyright: ignore[reportAttributeAccessIssue]
+                )
         yield from pack(keep).to_batches()
 
-    packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
+    if not blocks:
+        return {}, 0
+    n_blocks = len(blocks)
+    packed = spark.range(0, n_blocks, 1, n_blocks).mapInArrow(task, PACKED_DDL).toArrow()
     tables = unpack(packed)[0]
     n = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
     rows = {}

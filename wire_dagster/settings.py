@@ -3,7 +3,8 @@ default, so a bad value is one WireInputError naming the variable wherever the k
 
 WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JOB (a backlog's
 epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
-task). An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's
+task), WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation
+owns). An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's
 own settings are in sparkconf.py / sparksession.py.
 """
 
@@ -20,6 +21,9 @@ from .spec import Pipeline
 EPOCHS_PER_JOB = 8
 #: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
 SINGLE_TASK_ROWS = 2_000_000
+#: Default of WIRE_DERIVED_BLOCK_FILES: a derived stage's recomputation over more upstream
+#: partition files than this is split into Spark tasks by event time (derived._blocks).
+DERIVED_BLOCK_FILES = 8
 
 
 def count(name: str, value: int | None, default: int) -> int:
@@ -38,6 +42,12 @@ def keep_epochs(spec: Pipeline, value: int | None = None) -> int:
     """Committed epochs garbage collection keeps: `value` (a caller's explicit count, `wire gc
     --keep`), else WIRE_KEEP_EPOCHS, else the pipeline's `dagster.keep_epochs` (default 10)."""
     return count("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
+
+
+def derived_block_files() -> int:
+    """Upstream partition files one task of a derived stage's recomputation owns at most
+    (WIRE_DERIVED_BLOCK_FILES, default DERIVED_BLOCK_FILES; 1: a task per upstream partition)."""
+    return count("WIRE_DERIVED_BLOCK_FILES", None, DERIVED_BLOCK_FILES)
 
 
 def epochs_per_job() -> int:

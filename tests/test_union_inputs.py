@@ -105,3 +105,37 @@ def test_mistakes_in_inputs_are_one_line() -> None:
     derived["inputs"][1] = {"name": "m", "pipeline": "clicks", "output": "per_minute", "key": "key"}
     with pytest.raises(WireInputError, match="derived streams"):
         pipeline_from_dict(derived)
+
+
+@pytest.mark.parametrize("idless", ["first", "second"])
+def test_an_input_without_ids_has_no_duplicates_in_a_union(store: ObjectStore, spark, tmp_path: Path, idless) -> None:
+    """A union of a stream that declares an id and one that does not (either order): the events
+    with no id are never duplicates of one another (they used to be: their null ids were one id,
+    or, with the id-less input first, nothing was de-duplicated at all); a repeated id of the
+    other stream still is. Counts balance; results equal the batch of the union."""
+    with_ids = {"name": "web", "stream": "web", "time": "ts", "id": "eid", "key": "user"}
+    without = {"name": "app", "stream": "app", "time": "at", "key": "uid"}
+    body = {
+        **UNION,
+        "name": f"ids_{idless}",
+        "inputs": [without, with_ids] if idless == "first" else [with_ids, without],
+    }
+    spec = pipeline_from_dict(body)
+    web = [{"ts": T0 + 1_000 * i, "eid": f"e{i}", "user": "u1", "amount": 1} for i in range(20)]
+    web.append(dict(web[3]))  # a duplicate id within web
+    app = [{"at": T0 + 500, "uid": "u1", "amount": 2} for _ in range(15)]  # alike, and no ids
+    streams.produce(store, stream_spec("web", "ts", "eid"), _write(tmp_path / "w.jsonl", web))
+    streams.produce(store, stream_spec("app", "at", None), _write(tmp_path / "a.jsonl", app))
+    streams.close_stream(store, "web")
+    streams.close_stream(store, "app")
+    engine.process(store, spec, spark, max_epochs=20)
+    m = Checkpoints(store, spec.name).latest()
+    assert m is not None and m.watermark == INF
+    t = m.totals
+    assert (t.events_in, t.duplicate) == (len(web) + len(app), 1) and t.balanced()
+    assert t.counted == {"per_10s": len(web) - 1 + len(app), "sessions": len(web) - 1 + len(app)}
+    events = [{"_t": e["ts"], "_key": e["user"], field_column("amount"): 1.0} for e in web[:-1]]
+    events += [{"_t": a["at"], "_key": a["uid"], field_column("amount"): 2.0} for a in app]
+    want = {w.name: [r for _, r in sorted(batch(spec, w, events).items())] for w in spec.windows}
+    got = {w.name: results.read_results(store, spec, w.name).to_pylist() for w in spec.windows}
+    assert_same_rows(spec, got, want)

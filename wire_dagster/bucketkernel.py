@@ -385,11 +385,12 @@ def bucket_epoch(
     try:
         con.register("ev_in", events)
         con.register("side", side)
-        if spec.id_field and DUP not in events.column_names:
+        if spec.dedups and DUP not in events.column_names:
             remembered = f"{ID} IN (SELECT id FROM side WHERE _w = {_lit(IDS_W)})"
             if (
                 con.execute(f"""
-                    SELECT (SELECT count(*) FROM (SELECT {ID} FROM ev_in GROUP BY {ID} HAVING count(*) > 1))
+                    SELECT (SELECT count(*) FROM (
+                               SELECT {ID} FROM ev_in WHERE {ID} IS NOT NULL GROUP BY {ID} HAVING count(*) > 1))
                          + (SELECT count(*) FROM ev_in WHERE {remembered})""").fetchone()[0]  # pyright: ignore[reportOptionalSubscript]  a count: one row
                 == 0
             ):
@@ -401,13 +402,14 @@ def bucket_epoch(
                 # (the first by position counts, as in Spark's flagging).
                 con.execute(f"""
                     CREATE OR REPLACE TEMP TABLE ev_all AS
-                    SELECT *, (row_number() OVER (PARTITION BY {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
-                               OR coalesce({remembered}, FALSE)) AS {DUP}
+                    SELECT *, {ID} IS NOT NULL  -- an event with no id (a union's input without one) is never one
+                              AND (row_number() OVER (PARTITION BY {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
+                                   OR coalesce({remembered}, FALSE)) AS {DUP}
                     FROM ev_in
                 """)
         else:
             con.execute("CREATE OR REPLACE TEMP VIEW ev_all AS SELECT * FROM ev_in")
-        if spec.id_field:
+        if spec.dedups:
             out[("dup", "")] = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM ev_all WHERE {DUP}").to_arrow_table()
             con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * EXCLUDE ({DUP}) FROM ev_all WHERE NOT {DUP}")
         else:
@@ -424,7 +426,7 @@ def bucket_epoch(
                 out[(kind, w.name)] = t
             if w.type == "session":
                 con.execute(f'CREATE OR REPLACE TEMP TABLE kept_{i} AS SELECT key, start, "end" FROM m WHERE _keep')
-        if spec.id_field:
+        if spec.dedups:
             out[("ids", "")] = _ids(con, spec, w_new)
         return out
     finally:
@@ -441,7 +443,7 @@ def _ids(con, spec: Pipeline, w_new: int) -> pa.Table:
     sql = f"""
         SELECT id, expires, key, t FROM side WHERE _w = '{IDS_W}'
         UNION ALL
-        SELECT {ID} AS id, {TIME} + {ext} + {L} AS expires, {KEY} AS key, {TIME} AS t FROM ev
+        SELECT {ID} AS id, {TIME} + {ext} + {L} AS expires, {KEY} AS key, {TIME} AS t FROM ev WHERE {ID} IS NOT NULL
     """
     for i, w in enumerate(spec.windows):
         if w.type == "session":
@@ -490,7 +492,7 @@ def side_table(spec: Pipeline, state: dict[str, pa.Table | None], ids: pa.Table 
         }
         cols.update({side_column(i, c): st[c] for c in _partials(w)})
         parts.append(pa.table(cols))
-    if spec.id_field:
+    if spec.dedups:
         t = IDS_SCHEMA.empty_table() if ids is None else ids.select(IDS_SCHEMA.names).cast(IDS_SCHEMA)
         parts.append(
             pa.table(

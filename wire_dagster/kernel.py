@@ -446,7 +446,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
 
     ev = events_df.drop(SRC)  # a dead letter's text is read again for the dead letters only
     seen = None
-    if spec.id_field:
+    if spec.dedups:
         # A repeated id is a duplicate wherever it lands: flagged over the whole epoch (by id,
         # not by key bucket), against the id memory. An event the windows cannot process (`_err`)
         # is never a duplicate nor the first of its id: it is ordered last and not flagged, as
@@ -457,7 +457,8 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
             seen.select(F.col("id").alias(ID), F.lit(True).alias("_seen")), on=ID, how="left"
         )
         repeated = (F.col("_rn") > 1) | F.col("_seen").isNotNull()
-        ev = ev.withColumn(DUP, F.col(ERR).isNull() & repeated).drop("_rn", "_seen")
+        # An event with no id (an input of a union that declares none) is never a duplicate.
+        ev = ev.withColumn(DUP, F.col(ERR).isNull() & F.col(ID).isNotNull() & repeated).drop("_rn", "_seen")
 
     # Spark shuffles events and carried rows by key bucket; each bucket's windows are computed
     # by DuckDB in one Python worker (bucketkernel), and come back as Arrow IPC rows.
@@ -512,7 +513,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
     windows = {
         name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()
     }
-    ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.id_field else None
+    ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.dedups else None
     return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows, filtered=filtered)
 
 

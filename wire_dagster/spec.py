@@ -253,6 +253,12 @@ class Pipeline(BaseModel):
     def max_extent(self) -> int:
         return max(w.extent for w in self.windows)
 
+    @property
+    def dedups(self) -> bool:
+        """Whether events are de-duplicated by id: some input declares an id field (an input of a
+        union that declares none has events with no id, which are never duplicates)."""
+        return bool(self.id_field) or any(i.id_field for i in self.inputs)
+
     def fingerprint(self) -> str:
         """Hash of everything that decides results (not of where the file lives). A pipeline of
         one key field and no filter or derived field hashes as it did before those existed."""

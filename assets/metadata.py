@@ -17,7 +17,14 @@ from pathlib import Path
 
 import dagster as dg
 
-from wire_dagster.assetview import WindowPartition, counts_json, lag_ms, newest_event, output_columns
+from wire_dagster.assetview import (
+    WindowPartition,
+    aggregate_text,
+    counts_json,
+    lag_ms,
+    newest_event,
+    output_columns,
+)
 from wire_dagster.manifest import Manifest
 from wire_dagster.spec import Pipeline, WindowSpec
 from wire_dagster.timeutil import INF, NEG_INF, format_duration
@@ -37,8 +44,9 @@ def window_description(w: WindowSpec) -> str:
         "sliding": f"sliding {format_duration(w.size)} every {format_duration(w.slide)}",
         "session": f"session gap {format_duration(w.gap)}",
         "join": f"join of {w.left} and {w.right} per tumbling {format_duration(w.size)}",
+        "output": "records a computation produced (id, record as JSON), by event time",
     }[w.type]
-    aggs = ", ".join(f"{a.name}={a.func}({', '.join(x for x in (a.field, a.by) if x)})" for a in w.aggregates)
+    aggs = ", ".join(f"{a.name}={aggregate_text(a)}" for a in w.aggregates)
     cols = ", ".join(f"{c.name}={c.side}.{c.column}" for c in w.select)
     return f"{shape}: {aggs or cols}"
 

@@ -135,15 +135,19 @@ def dead_letter_event(d: dict) -> dict:
 
 
 def check_balance(spec: Pipeline, res: kernel.EpochResult) -> list[str]:
-    """Conservation per window: in == counted + late + duplicate; and the dead letters say so."""
+    """Conservation per window: in == counted + late + other + duplicate (other: the events of
+    the inputs a window with `input:` does not read); and the dead letters say so."""
     out = []
     dl = Counter((d["reason"], d["window"]) for d in res.dead_letters.to_pylist())
     if dl[("duplicate", None)] != res.duplicate:
         out.append(f"duplicate dead letters {dl[('duplicate', None)]} != duplicate count {res.duplicate}")
     for w in spec.windows:
         r = res.windows[w.name]
-        if res.events != r.counted + r.late + res.duplicate:
-            out.append(f"{w.name}: in {res.events} != counted {r.counted} + late {r.late} + duplicate {res.duplicate}")
+        if res.events != r.counted + r.late + r.other + res.duplicate:
+            out.append(
+                f"{w.name}: in {res.events} != counted {r.counted} + late {r.late} + other {r.other} "
+                f"+ duplicate {res.duplicate}"
+            )
         if dl[("late", w.name)] != r.late:
             out.append(f"{w.name}: late dead letters {dl[('late', w.name)]} != late count {r.late}")
     return out

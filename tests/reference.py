@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wire_dagster.aggregates import py_add, py_empty, py_finalize, py_merge
-from wire_dagster.spec import Pipeline, WindowSpec, field_column
+from wire_dagster.spec import INPUT_SEP, Pipeline, WindowSpec, field_column
 from wire_dagster.windows import assign, merge
 
 
@@ -63,8 +63,13 @@ def run_epoch(spec: Pipeline, st: RefState, events: list[dict], w_new: int) -> d
             st.ids[e["_id"]] = (e["_t"] + ext, e["_key"], e["_t"])
         events = kept
     emitted: dict[str, list[dict]] = {}
+    every = events
     for w in spec.windows:
-        wc = st.window_counts.setdefault(w.name, {"counted": 0, "late": 0})
+        wc = st.window_counts.setdefault(w.name, {"counted": 0, "late": 0, "other": 0})
+        events = every
+        if w.input is not None and spec.inputs:  # a window with `input:` reads that input's events only
+            events = [e for e in every if e["_seg"].startswith(w.input + INPUT_SEP)]
+            wc["other"] += len(every) - len(events)
         state = st.windows.setdefault(w.name, {})
         touched: set[tuple] = set()
         retracted: list[tuple] = []

@@ -59,6 +59,8 @@ WINDOWS = [
             "low_u": "arg_min(u, v)",
             "first_u": "first(u)",
             "last_v": "last(v)",
+            "users_approx": "approx_count_distinct(u)",
+            "median": "approx_quantile(v, 0.5)",
         },
     },
     # sliding with an offset (3 windows per event)
@@ -75,6 +77,8 @@ WINDOWS = [
             "hi": "max(v)",
             "first_u": "first(u)",
             "top_u": "arg_max(u, v)",
+            "vals_approx": "approx_count_distinct(v)",
+            "p90": "approx_quantile(v, 0.9)",
         },
     },
     # session with a fixed gap
@@ -89,6 +93,8 @@ WINDOWS = [
             "users": "count_distinct(u)",
             "last_u": "last(u)",
             "low_u": "arg_min(u, v)",
+            "lowest": "approx_quantile(v, 0)",
+            "users_approx": "approx_count_distinct(u)",
         },
     },
     # session with a per-event gap field
@@ -97,7 +103,7 @@ WINDOWS = [
         "type": "session",
         "gap": 4,
         "gap_field": "g",
-        "aggregates": {"n": "count", "lo": "min(v)", "mean": "avg(v)"},
+        "aggregates": {"n": "count", "lo": "min(v)", "mean": "avg(v)", "q3": "approx_quantile(v, 0.75)"},
     },
 ]
 
@@ -213,8 +219,30 @@ def scenario(seed: int, tries: int = 40):
     return best
 
 
+def _sketch_matches(func: str, sketch: bytes | None, exact) -> bool:
+    """A sketch partial against the reference's exact values: windows this small are held
+    exactly by both sketches (HLL's coupon list, the t-digest's one-value centroids up to
+    TDIGEST_EXACT_N values), so the t-digest holds their count, extremes and quantiles."""
+    from wire_dagster.aggregates import exact_quantile
+    from wire_dagster.sketches import TDIGEST_EXACT_N, _ds, hll_estimate, tdigest_quantile
+
+    ds = _ds()
+    if func == "approx_count_distinct":
+        return hll_estimate(sketch) == len(exact)
+    if sketch is None:
+        return not exact
+    assert len(exact) <= TDIGEST_EXACT_N, "the property tests' windows are small"
+    td = ds.tdigest_double.deserialize(sketch)
+    return (
+        td.get_total_weight() == len(exact)
+        and (td.get_min_value(), td.get_max_value()) == (min(exact), max(exact))
+        and all(tdigest_quantile(sketch, q) == exact_quantile(exact, q) for q in (0.1, 0.25, 0.5, 0.75, 0.9))
+    )
+
+
 def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
-    """Open windows and their partials: counts exact, sums/extremes close, distinct sets by size."""
+    """Open windows and their partials: counts exact, sums/extremes close, distinct sets by size,
+    sketches by what they hold."""
     out = []
     for w in spec.windows:
         got = {(r["key"], r["start"], r["end"]): r for r in kernel_state[w.name].to_pylist()}
@@ -230,6 +258,13 @@ def compare_state(spec, kernel_state: dict, ref_state: dict) -> list[str]:
                     ok = g == (v[1] if v is not None else None)
                     if not ok:
                         out.append(f"{w.name} state {k} {c}: kernel {g!r}, reference {v!r}")
+                    continue
+                if c.endswith("_exact"):  # a sketch aggregate: the kernel keeps the sketch as `_sk`
+                    name = c[len("p_") : -len("_exact")]
+                    func = next(a.func for a in w.aggregates if a.name == name)
+                    g = got[k][f"p_{name}_sk"]
+                    if not _sketch_matches(func, g, v):
+                        out.append(f"{w.name} state {k} {c}: kernel sketch of {g!r}, reference {v!r}")
                     continue
                 g = got[k][c]
                 if c.endswith("_set"):
@@ -321,6 +356,13 @@ def duckdb_batch(spec, events: list[dict]) -> dict[str, list[dict]]:
         "max": lambda a: f"max({a.field})",
         "avg": lambda a: f"avg({a.field})",
         "count_distinct": lambda a: f"count(DISTINCT {a.field})",
+        # exact here (the windows are small): the distinct count, and the (floor(q * n) + 1)-th
+        # smallest value, at most the n-th (aggregates.exact_quantile, the t-digest's), by SQL
+        "approx_count_distinct": lambda a: f"count(DISTINCT {a.field})",
+        "approx_quantile": lambda a: (
+            f"list_sort(list({a.field}) FILTER (WHERE {a.field} IS NOT NULL))"
+            f"[least(count({a.field}), floor({a.q!r}::DOUBLE * count({a.field})) + 1)::BIGINT]"
+        ),
         # the value aggregates: the field's text at the extreme `by` (ties: the smallest text), or
         # at the first (last) event by time, then (segment, chunk, row), among those with a value
         "arg_max": lambda a: (

@@ -52,7 +52,9 @@ def materialized(home: Path, asset: str) -> dict[str, list[int]]:
             mat = rec.asset_materialization
             assert mat is not None and mat.partition is not None
             rows = mat.metadata.get("rows")
-            out.setdefault(mat.partition, []).append(int(rows.value) if rows is not None else 0)  # type: ignore[arg-type]
+            out.setdefault(mat.partition, []).append(
+                rows.value if rows is not None and isinstance(rows.value, int) else 0
+            )
         return out
     finally:
         instance.dispose()

@@ -13,6 +13,10 @@ arg_min(f, by)     it, the smallest on ties (nulls last); arg_min alike with the
 first(f), last(f)  ``t``: the earliest (latest) event time of a non-null ``f``, ``o``: that
                    event's source position (segment, chunk, row; the first (last) on ties),
                    ``v``: its ``f`` (as text)
+approx_count_dis-  ``sk``: a serialized HLL sketch of the non-null values (as text), null if none
+tinct(f)           (sketches.py: parameters, error bounds, determinism)
+approx_quantile    ``sk``: a serialized t-digest of the non-null numbers, null if none
+(f, q)
 =================  =========================================================
 
 The value aggregates (arg_max, arg_min, first, last) return their field's value as text, as
@@ -49,7 +53,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pyarrow as pa
 
-from .spec import VALUE_FUNCS, Aggregate, WindowSpec, field_column
+from .spec import SKETCH_FUNCS, VALUE_FUNCS, Aggregate, WindowSpec, field_column
 
 SCALE = 9
 QUANTUM = Decimal(1).scaleb(-SCALE)
@@ -98,11 +102,18 @@ def partial_columns(a: Aggregate) -> list[tuple[str, str]]:
         return [(f"{p}_b", "DOUBLE"), (f"{p}_v", "STRING")]
     if a.func in ("first", "last"):
         return [(f"{p}_t", "BIGINT"), (f"{p}_o", "STRING"), (f"{p}_v", "STRING")]
+    if a.func in SKETCH_FUNCS:
+        return [(f"{p}_sk", "BINARY")]
     return [(f"{p}_set", "ARRAY<STRING>")]
 
 
 #: Each aggregate's result type (Spark DDL): counts are integers, value aggregates text, the rest doubles.
-OUTPUT_TYPES = {"count": "BIGINT", "count_distinct": "BIGINT", **dict.fromkeys(VALUE_FUNCS, "STRING")}
+OUTPUT_TYPES = {
+    "count": "BIGINT",
+    "count_distinct": "BIGINT",
+    "approx_count_distinct": "BIGINT",
+    **dict.fromkeys(VALUE_FUNCS, "STRING"),
+}
 
 
 def position_text(seg: str, seq: int, row: int) -> str:
@@ -128,6 +139,9 @@ def source_column(a: Aggregate) -> str | None:
 
 
 # ---- pure-Python versions, used by the reference ---------------------------
+# The sketch aggregates are kept exact here (``exact``: the distinct texts, or every number), so
+# that the reference is independent of the sketches: tests compare the kernel's estimates with
+# these exact values within the sketches' error bounds (exactly where a sketch is exact).
 
 
 def to_decimal(x: float) -> Decimal:
@@ -147,6 +161,10 @@ def py_empty(w: WindowSpec) -> dict:
             st[f"{p}_m"] = None
         elif a.func in VALUE_FUNCS:
             st[f"{p}_best"] = None  # (ordering key, value) of the event chosen so far
+        elif a.func == "approx_quantile":
+            st[f"{p}_exact"] = []
+        elif a.func == "approx_count_distinct":
+            st[f"{p}_exact"] = set()
         else:
             st[f"{p}_set"] = set()
     return st
@@ -204,6 +222,10 @@ def py_add(w: WindowSpec, st: dict, ev: dict) -> None:
             st[f"{p}_m"] = v if st[f"{p}_m"] is None else min(st[f"{p}_m"], v)
         elif a.func == "max":
             st[f"{p}_m"] = v if st[f"{p}_m"] is None else max(st[f"{p}_m"], v)
+        elif a.func == "approx_quantile":
+            st[f"{p}_exact"].append(float(v) + 0.0)
+        elif a.func == "approx_count_distinct":
+            st[f"{p}_exact"].add(distinct_repr(v))
         else:
             st[f"{p}_set"].add(distinct_repr(v))
     for a in w.aggregates:  # value aggregates: an event competes even where its field is null (arg_*)
@@ -231,6 +253,10 @@ def py_merge(w: WindowSpec, a_st: dict, b_st: dict) -> dict:
             out[f"{p}_m"] = (min if a.func == "min" else max)(vals) if vals else None
         elif a.func in VALUE_FUNCS:
             out[f"{p}_best"] = _better(a_st[f"{p}_best"], b_st[f"{p}_best"])
+        elif a.func == "approx_quantile":
+            out[f"{p}_exact"] = a_st[f"{p}_exact"] + b_st[f"{p}_exact"]
+        elif a.func == "approx_count_distinct":
+            out[f"{p}_exact"] = set(a_st[f"{p}_exact"]) | set(b_st[f"{p}_exact"])
         else:
             out[f"{p}_set"] = set(a_st[f"{p}_set"]) | set(b_st[f"{p}_set"])
     return out
@@ -251,6 +277,20 @@ def py_finalize(w: WindowSpec, st: dict) -> dict:
         elif a.func in VALUE_FUNCS:
             best = st[f"{p}_best"]
             out[a.name] = None if best is None else best[1]
+        elif a.func == "approx_quantile":
+            out[a.name] = exact_quantile(st[f"{p}_exact"], a.q or 0.0)
+        elif a.func == "approx_count_distinct":
+            out[a.name] = len(st[f"{p}_exact"])
         else:
             out[a.name] = len(st[f"{p}_set"])
     return out
+
+
+def exact_quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile as DataSketches' t-digest defines it over the exact data (what the sketch
+    returns while each of its centroids is one value, sketches.TDIGEST_EXACT_N): the
+    (floor(q * n) + 1)-th smallest, capped at the n-th (the smallest for q = 0, the largest for 1)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, math.floor(q * len(s)))]

@@ -23,11 +23,18 @@ from .errors import WireError
 from .manifest import Counts, Manifest
 from .objectstore import ObjectStore
 from .results import empty_output
-from .spec import Pipeline
+from .spec import Aggregate, Pipeline
 from .status import describe_epoch, size_text, watermark_lag
 from .timeutil import INF, NEG_INF, format_duration, iso
 
 # -- columns ---------------------------------------------------------------------------------
+
+
+def aggregate_text(a: Aggregate) -> str:
+    """An aggregate as the spec writes it, e.g. `sum(amount)`, `arg_max(page, amount)`,
+    `approx_quantile(amount, 0.95)`, `count()`."""
+    q = None if a.q is None else format(a.q, ".15g")
+    return f"{a.func}({', '.join(x for x in (a.field, a.by, q) if x)})"
 
 
 def output_columns(spec: Pipeline, window: str) -> list[tuple[str, str, str]]:
@@ -44,8 +51,7 @@ def output_columns(spec: Pipeline, window: str) -> list[tuple[str, str, str]]:
         "window_end": "window end, epoch ms UTC (exclusive)",
     }
     for a in w.aggregates:
-        args = ", ".join(x for x in (a.field, a.by) if x)
-        about[a.name] = f"{a.func}({args})"
+        about[a.name] = aggregate_text(a)
     for c in w.select:
         about[c.name] = f"{c.side}.{c.column} (typed as that input's column)"
     return [(f.name, str(f.type), about.get(f.name, "")) for f in empty_output(spec, window).schema]
@@ -207,11 +213,13 @@ def check_watermark_lag(spec: Pipeline, m: Manifest | None) -> Verdict:
 def _unbalanced(c: Counts) -> list[str]:
     out = []
     for w in sorted(c.counted):
-        rhs = c.counted.get(w, 0) + c.late.get(w, 0) + c.duplicate + c.malformed + c.filtered
+        rhs = c.counted.get(w, 0) + c.late.get(w, 0) + c.other.get(w, 0) + c.duplicate + c.malformed + c.filtered
         if rhs != c.events_in:
+            # `other`: the events of the inputs a window with `input:` does not read (shown if any)
+            other = f" + other {c.other[w]}" if c.other.get(w) else ""
             out.append(
-                f"{w}: in {c.events_in} != counted {c.counted.get(w, 0)} + late {c.late.get(w, 0)} + duplicate "
-                f"{c.duplicate} + malformed {c.malformed} + filtered {c.filtered} = {rhs}"
+                f"{w}: in {c.events_in} != counted {c.counted.get(w, 0)} + late {c.late.get(w, 0)}{other} + "
+                f"duplicate {c.duplicate} + malformed {c.malformed} + filtered {c.filtered} = {rhs}"
             )
     return out
 

@@ -14,6 +14,8 @@ The semantics are those of DESIGN §1 and of `tests/reference.py`, expression fo
   by a sweep over (start, end); a fired session whose bounds changed is retracted;
 - a window fires when ``end <= W_N`` and it is new past ``W_{N-1}`` or touched in N, and is
   kept while ``end + L > W_N``;
+- a window that names an input (``input:``) of a pipeline of several reads the events of that
+  input's segments (``<input>.<segment>``) only;
 - ids are remembered until ``t + extent + L``, or longer while a session holding them is open;
 - an event the windows cannot process (`event_errors`: a chunk written by hand or by an older
   producer, past produce's checks) is set aside first, as a dead letter ``error: <why>``: it
@@ -29,7 +31,8 @@ import pyarrow as pa
 
 from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
 from .events import ERR, FILTERED, ID, KEY, ROW, SRC, TIME
-from .spec import VALUE_FUNCS, Aggregate, Pipeline, WindowSpec, field_column
+from .sketches import MERGE_FUNCS, VALUE_TYPES, register
+from .spec import INPUT_SEP, SKETCH_FUNCS, VALUE_FUNCS, Aggregate, Pipeline, WindowSpec, field_column
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
 SEG, SEQ = "_seg", "_seq"
@@ -54,7 +57,35 @@ def _lit(s: str) -> str:
 
 
 def _partials(w: WindowSpec) -> list[str]:
+    """The partial columns a window's state holds."""
     return [c for a in w.aggregates for c, _ in partial_columns(a)]
+
+
+def _kernel_columns(a: Aggregate) -> list[str]:
+    """The partial columns of aggregate `a` inside the kernel: its state's, and for a sketch
+    aggregate one more, `_x`, an event's value, which a merge folds into the sketch (`_sk`)."""
+    return [c for c, _ in partial_columns(a)] + ([f"p_{a.name}_x"] if a.func in SKETCH_FUNCS else [])
+
+
+def _kparts(w: WindowSpec) -> list[str]:
+    return [c for a in w.aggregates for c in _kernel_columns(a)]
+
+
+def _sketch_partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
+    """`_partial_sql` of the sketch aggregates (sketches.py): an event carries its value in `_x`
+    and no sketch; a merge folds the values and the sketches of its rows into one sketch."""
+    col = source_column(a)
+    src = _q(col) if col else "NULL"
+    typ = VALUE_TYPES[a.func]
+    sk, x = _q(f"p_{a.name}_sk"), _q(f"p_{a.name}_x")
+    if c.endswith("_x"):  # + 0.0: a -0.0 is the zero (as min and max read it)
+        value = f"CAST({src} AS DOUBLE) + 0.0" if typ == "DOUBLE" else f"CAST({src} AS VARCHAR)"
+        return value, f"NULL::{typ}"
+    merge = (
+        f"{MERGE_FUNCS[a.func]}(coalesce(list({sk}) FILTER (WHERE {sk} IS NOT NULL), []::BLOB[]), "
+        f"coalesce(list({x}) FILTER (WHERE {x} IS NOT NULL), []::{typ}[]))"
+    )
+    return "NULL::BLOB", merge
 
 
 def _to_decimal(src: str) -> str:
@@ -94,6 +125,8 @@ def _partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
     """(one event's value, the merge of many) of partial column `c` of aggregate `a`."""
     if a.func in VALUE_FUNCS:
         return _value_partial_sql(a, c)
+    if a.func in SKETCH_FUNCS:
+        return _sketch_partial_sql(a, c)
     col = source_column(a)
     src, q = (_q(col) if col else "NULL"), _q(c)
     if c.endswith("_n"):
@@ -112,12 +145,12 @@ def _partial_sql(a: Aggregate, c: str) -> tuple[str, str]:
 
 def _event_partials(w: WindowSpec) -> str:
     """Partials of one event (column expressions over the events table)."""
-    return ", ".join(f"{_partial_sql(a, c)[0]} AS {_q(c)}" for a in w.aggregates for c, _ in partial_columns(a))
+    return ", ".join(f"{_partial_sql(a, c)[0]} AS {_q(c)}" for a in w.aggregates for c in _kernel_columns(a))
 
 
 def _merge(w: WindowSpec) -> str:
     """Aggregations merging partial rows into one."""
-    return ", ".join(f"{_partial_sql(a, c)[1]} AS {_q(c)}" for a in w.aggregates for c, _ in partial_columns(a))
+    return ", ".join(f"{_partial_sql(a, c)[1]} AS {_q(c)}" for a in w.aggregates for c in _kernel_columns(a))
 
 
 def _finalize(a: Aggregate) -> str:
@@ -133,6 +166,10 @@ def _finalize(a: Aggregate) -> str:
         e = m
     elif a.func in VALUE_FUNCS:
         e = _q(f"{p}_v")
+    elif a.func == "approx_count_distinct":
+        e = f"wire_hll_estimate({_q(f'{p}_sk')})"
+    elif a.func == "approx_quantile":
+        e = f"wire_tdigest_quantile({_q(f'{p}_sk')}, {float(a.q or 0)!r}::DOUBLE)"
     else:
         e = f"len({st})::BIGINT"
     return f"{e} AS {_q(a.name)}"
@@ -149,15 +186,16 @@ def _flags(w_prev: int, w_new: int, L: int) -> str:
     return f'("end" <= {w_new} AND (_touched OR "end" > {w_prev})) AS _fire, ("end" + {L} > {w_new}) AS _keep'
 
 
-def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[str, pa.Table]:
+def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int, ev: str = "ev") -> dict[str, pa.Table]:
     L = spec.allowed_lateness
     n = w.size // w.slide
-    parts = _partials(w)
-    cols = ", ".join(_q(c) for c in parts)
+    cols = ", ".join(_q(c) for c in _kparts(w))
+    kept = ", ".join(_q(c) for c in _partials(w))
     # An event's partials are computed once, before it is copied into each of its windows.
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW e AS SELECT {KEY}, {SEG}, {SEQ}, {ROW}, "
-        f"{TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last, {_event_partials(w)} FROM ev"
+        f"{TIME} - ((({TIME} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide} AS _last, "
+        f"{_event_partials(w)} FROM {ev}"
     )
     late = con.sql(f"SELECT {SEG}, {SEQ}, {ROW} FROM e WHERE _last + {w.size + L} <= {w_prev}").to_arrow_table()
     # The newest window of an event ends last: if it is expired, all are; then each window
@@ -185,7 +223,7 @@ def _fixed(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[
     """)
     return {
         "out": con.sql(_outputs_sql(w, "m WHERE _fire", False)).to_arrow_table(),
-        "state": con.sql(f'SELECT key, start, "end", {cols} FROM m WHERE _keep').to_arrow_table(),
+        "state": con.sql(f'SELECT key, start, "end", {kept} FROM m WHERE _keep').to_arrow_table(),
         "late": late,
     }
 
@@ -227,15 +265,16 @@ def session_groups(u: pa.Table) -> pa.Array | None:
     return pa.array(grp)
 
 
-def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dict[str, pa.Table]:
+def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int, ev: str = "ev") -> dict[str, pa.Table]:
     L = spec.allowed_lateness
-    parts = _partials(w)
+    parts = _kparts(w)
     cols = ", ".join(_q(c) for c in parts)
+    kept = ", ".join(_q(c) for c in _partials(w))
     gap = str(w.gap)
     if w.gap_field:
         g = _q(field_column(w.gap_field))
         gap = f"(CASE WHEN {g} IS NOT NULL AND {g} > 0 THEN {g} ELSE {w.gap} END)"
-    con.execute(f'CREATE OR REPLACE TEMP VIEW p AS SELECT *, {TIME} AS start, {TIME} + {gap} AS "end" FROM ev')
+    con.execute(f'CREATE OR REPLACE TEMP VIEW p AS SELECT *, {TIME} AS start, {TIME} + {gap} AS "end" FROM {ev}')
     # A late one-event window still counts if it touches an open session of its key (Flink merges first).
     touches = (
         f"EXISTS (SELECT 1 FROM st WHERE st.key IS NOT DISTINCT FROM p.{KEY}"
@@ -299,7 +338,7 @@ def _session(con, spec: Pipeline, w: WindowSpec, w_prev: int, w_new: int) -> dic
     out = con.sql(f"{_outputs_sql(w, 'm WHERE _fire', False)} UNION ALL {_outputs_sql(w, 'r', True)}").to_arrow_table()
     return {
         "out": out,
-        "state": con.sql(f'SELECT key, start, "end", {cols} FROM m WHERE _keep').to_arrow_table(),
+        "state": con.sql(f'SELECT key, start, "end", {kept} FROM m WHERE _keep').to_arrow_table(),
         "late": late,
     }
 
@@ -360,7 +399,8 @@ def bucket_epoch(
     Returns tables by (kind, window): ("n", "") the number of events the windows saw, ("error",
     "") the (`_seg`, `_seq`, `_row`, `_err`) of the events they could not, ("dup", "") the
     (`_seg`, `_seq`, `_row`) of the duplicates, ("out", w) results and retractions,
-    ("state", w) the new state, ("late", w) the positions of events late for w, and
+    ("state", w) the new state, ("late", w) the positions of events late for w, ("seen", w) the
+    number of events a window that names an input (`input:`) saw, those of its input, and
     ("ids", "") the id memory after the epoch (with an id field).
     """
     import duckdb
@@ -414,14 +454,32 @@ def bucket_epoch(
             con.execute(f"CREATE OR REPLACE TEMP VIEW ev AS SELECT * EXCLUDE ({DUP}) FROM ev_all WHERE NOT {DUP}")
         else:
             con.execute("CREATE OR REPLACE TEMP VIEW ev AS SELECT * FROM ev_all")
+        if any(a.func in SKETCH_FUNCS for w in spec.windows for a in w.aggregates):
+            register(con)  # the sketch aggregates' UDFs (sketches.py)
         for i, w in enumerate(spec.windows):
             parts = _partials(w)
             renamed = ", ".join(f"{_q(side_column(i, c))} AS {_q(c)}" for c in parts)
+            values = "".join(
+                f", NULL::{VALUE_TYPES[a.func]} AS {_q(f'p_{a.name}_x')}"
+                for a in w.aggregates
+                if a.func in SKETCH_FUNCS
+            )
             con.execute(
-                f'CREATE OR REPLACE TEMP TABLE st AS SELECT key, start, "end", {renamed}'
+                f'CREATE OR REPLACE TEMP TABLE st AS SELECT key, start, "end", {renamed}{values}'
                 f" FROM side WHERE _w = {_lit(w.name)}"
             )
-            res = _session(con, spec, w, w_prev, w_new) if w.type == "session" else _fixed(con, spec, w, w_prev, w_new)
+            src = "ev"
+            if w.input is not None and spec.inputs:
+                # A window that names an input reads its events only: the segments `<input>.<segment>`.
+                src = "ev_input"
+                con.execute(
+                    f"CREATE OR REPLACE TEMP VIEW ev_input AS SELECT * FROM ev"
+                    f" WHERE starts_with({SEG}, {_lit(w.input + INPUT_SEP)})"
+                )
+                seen = con.execute("SELECT count(*) FROM ev_input").fetchone()[0]  # pyright: ignore[reportOptionalSubscript]  a count: one row
+                out[("seen", w.name)] = pa.table({"n": pa.array([seen], pa.int64())})
+            fn = _session if w.type == "session" else _fixed
+            res = fn(con, spec, w, w_prev, w_new, src)
             for kind, t in res.items():
                 out[(kind, w.name)] = t
             if w.type == "session":
@@ -462,6 +520,7 @@ _ARROW = {
     "BIGINT": pa.int64(),
     "DOUBLE": pa.float64(),
     "ARRAY<STRING>": pa.list_(pa.string()),
+    "BINARY": pa.binary(),
     "STRING": pa.string(),
     DEC: pa.decimal128(38, SCALE),
 }

@@ -331,6 +331,7 @@ def _commit_epoch(
         filtered=res.filtered,
         counted={w: r.counted for w, r in res.windows.items()},
         late={w: r.late for w, r in res.windows.items()},
+        other={w: r.other for w, r in res.windows.items() if r.other},
     )
     manifest = Manifest(
         pipeline=spec.name,

@@ -207,6 +207,9 @@ class WindowResult:
     state: pa.Table  # state_ddl columns
     counted: int
     late: int
+    # events of the inputs a window that names an `input:` does not read (so that, per window,
+    # in = counted + late + other + duplicate); 0 for a window that reads every input
+    other: int = 0
 
 
 @dataclass
@@ -510,9 +513,12 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
         else DEAD_LETTER.empty_table()
     )
     counted_all = n_in - dup.num_rows
-    windows = {
-        name: WindowResult(out, st, counted_all - late_by[name], late_by[name]) for name, (out, st) in results.items()
-    }
+    windows = {}
+    for name, (out, st) in results.items():
+        # A window that names an input saw only its events (`seen`), the others' are `other`.
+        seen = tables.get(("seen", name))
+        mine = counted_all if seen is None else sum(t["n"][0].as_py() for t in seen)
+        windows[name] = WindowResult(out, st, mine - late_by[name], late_by[name], other=counted_all - mine)
     ids_out = _sorted(gathered("ids", "", IDS), ["id"]) if spec.dedups else None
     return EpochResult(windows, dl, ids_out, n_in, dup.num_rows, errors=err.num_rows, filtered=filtered)
 

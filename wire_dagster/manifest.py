@@ -40,7 +40,8 @@ class SegmentRecord(BaseModel):
 
 
 class Counts(BaseModel):
-    """Conservation, per window: in == counted + late + duplicate + malformed + filtered."""
+    """Conservation, per window: in == counted + late + other + duplicate + malformed + filtered
+    (other: the events of the inputs a window with `input:` does not read)."""
 
     events_in: int = 0  # records read: valid events + malformed + filtered
     malformed: int = 0
@@ -48,6 +49,7 @@ class Counts(BaseModel):
     filtered: int = 0  # records the pipeline's `where` is not true for
     counted: dict[str, int] = {}
     late: dict[str, int] = {}
+    other: dict[str, int] = {}  # only windows that name an input have an entry
 
     def add(self, other: Counts) -> Counts:
         keys = set(self.counted) | set(other.counted)
@@ -58,12 +60,18 @@ class Counts(BaseModel):
             filtered=self.filtered + other.filtered,
             counted={k: self.counted.get(k, 0) + other.counted.get(k, 0) for k in sorted(keys)},
             late={k: self.late.get(k, 0) + other.late.get(k, 0) for k in sorted(keys)},
+            other={k: self.other.get(k, 0) + other.other.get(k, 0) for k in sorted(set(self.other) | set(other.other))},
         )
 
     def balanced(self) -> bool:
         return all(
             self.events_in
-            == self.counted.get(w, 0) + self.late.get(w, 0) + self.duplicate + self.malformed + self.filtered
+            == self.counted.get(w, 0)
+            + self.late.get(w, 0)
+            + self.other.get(w, 0)
+            + self.duplicate
+            + self.malformed
+            + self.filtered
             for w in self.counted
         )
 

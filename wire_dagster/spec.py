@@ -21,8 +21,24 @@ from .timeutil import parse_duration, parse_iso
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 _F = r"([A-Za-z_][A-Za-z0-9_.]*)"
-AGG_RE = re.compile(rf"^\s*([a-z_]+)\s*(?:\(\s*{_F}\s*(?:,\s*{_F}\s*)?\))?\s*$")
-AGG_FUNCS = ("count", "sum", "min", "max", "avg", "count_distinct", "arg_max", "arg_min", "first", "last")
+# The second argument: a field (arg_max's `by`) or a number (approx_quantile's `q`), checked apart.
+AGG_RE = re.compile(rf"^\s*([a-z_]+)\s*(?:\(\s*{_F}\s*(?:,\s*([A-Za-z0-9_.+-]+)\s*)?\))?\s*$")
+AGG_FUNCS = (
+    "count",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count_distinct",
+    "arg_max",
+    "arg_min",
+    "first",
+    "last",
+    "approx_count_distinct",
+    "approx_quantile",
+)
+#: Aggregates kept as a sketch (Apache DataSketches, wire_dagster/sketches.py): HLL, t-digest.
+SKETCH_FUNCS = ("approx_count_distinct", "approx_quantile")
 #: Aggregates whose result is a value of their field, as text (a key is text too): arg_max(f, by),
 #: arg_min(f, by) (ties: the smallest f), first(f) and last(f) (by event time, then position).
 VALUE_FUNCS = ("arg_max", "arg_min", "first", "last")
@@ -44,13 +60,27 @@ class Aggregate(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     name: str
-    func: Literal["count", "sum", "min", "max", "avg", "count_distinct", "arg_max", "arg_min", "first", "last"]
+    func: Literal[
+        "count",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count_distinct",
+        "arg_max",
+        "arg_min",
+        "first",
+        "last",
+        "approx_count_distinct",
+        "approx_quantile",
+    ]
     field: str | None = None
     by: str | None = None  # arg_max, arg_min: the number whose extreme picks the event
+    q: float | None = None  # approx_quantile: the quantile, in [0, 1]
 
     @property
     def numeric(self) -> bool:
-        return self.func in ("sum", "min", "max", "avg")
+        return self.func in ("sum", "min", "max", "avg", "approx_quantile")
 
 
 class JoinColumn(BaseModel):
@@ -78,6 +108,7 @@ class WindowSpec(BaseModel):
     right: str | None = None
     select: tuple[JoinColumn, ...] = ()
     where: str | None = None
+    input: str | None = None  # tumbling, sliding, session: the one input it reads (None: every input)
 
     @property
     def extent(self) -> int:
@@ -241,7 +272,7 @@ class Pipeline(BaseModel):
                 a.field
                 for w in self.windows
                 for a in w.aggregates
-                if a.field and (a.func == "count_distinct" or a.func in VALUE_FUNCS)
+                if a.field and (a.func in ("count_distinct", "approx_count_distinct") or a.func in VALUE_FUNCS)
             }
         )
 
@@ -262,12 +293,18 @@ class Pipeline(BaseModel):
     def fingerprint(self) -> str:
         """Hash of everything that decides results (not of where the file lives). A pipeline of
         one key field and no filter or derived field hashes as it did before those existed."""
-        body = self.model_dump(exclude={"source", "orchestration", "key_fields", "where", "fields", "inputs"})
+        body = self.model_dump(
+            exclude={"source", "orchestration", "key_fields", "where", "fields", "inputs"}
+            | {"landing", "segment_by", "rescan"}  # where records come from decides no result
+        )
+        if not body.get("computations"):  # as before computations existed, for a pipeline without
+            body.pop("computations", None)
         for w in body["windows"]:  # as before `by` and joins existed, for what does not use them
             for a in w["aggregates"]:
-                if a.get("by") is None:
-                    a.pop("by", None)
-            for k in ("left", "right", "select", "where"):
+                for k in ("by", "q"):
+                    if a.get(k) is None:
+                        a.pop(k, None)
+            for k in ("left", "right", "select", "where", "input"):
                 if not w.get(k):
                     w.pop(k, None)
         body["key_field"] = self.key_field
@@ -310,13 +347,19 @@ def _aggregates(raw: object, where: str) -> tuple[Aggregate, ...]:
         if not m or m.group(1) not in AGG_FUNCS:
             raise WireInputError(
                 f"{where}.aggregates.{name}: unknown aggregate {expr!r}; use one of count, sum(f), min(f), max(f), "
-                "avg(f), count_distinct(f), arg_max(f, by), arg_min(f, by), first(f), last(f)"
+                "avg(f), count_distinct(f), arg_max(f, by), arg_min(f, by), first(f), last(f), "
+                "approx_count_distinct(f), approx_quantile(f, q)"
             )
         func, field, by = m.group(1), m.group(2), m.group(3)
         if func == "count" and field:
             raise WireInputError(f"{where}.aggregates.{name}: count takes no field; write `count`")
         if func != "count" and not field:
             raise WireInputError(f"{where}.aggregates.{name}: {func} needs a field name, e.g. {func}(amount)")
+        q = None
+        if func == "approx_quantile":
+            q, by = _quantile(by, f"{where}.aggregates.{name}", field), None
+        elif func in ("arg_max", "arg_min") and by is not None and not FIELD_RE.match(by):
+            raise WireInputError(f"{where}.aggregates.{name}: bad field name {by!r}; use a name like amount")
         if func in ("arg_max", "arg_min") and not by:
             raise WireInputError(
                 f"{where}.aggregates.{name}: {func} needs the field to return and the number to compare, "
@@ -324,8 +367,22 @@ def _aggregates(raw: object, where: str) -> tuple[Aggregate, ...]:
             )
         if by and func not in ("arg_max", "arg_min"):
             raise WireInputError(f"{where}.aggregates.{name}: {func} takes one field, e.g. {func}({field})")
-        out.append(Aggregate.model_validate({"name": name, "func": func, "field": field, "by": by}))
+        out.append(Aggregate.model_validate({"name": name, "func": func, "field": field, "by": by, "q": q}))
     return tuple(out)
+
+
+def _quantile(text: str | None, where: str, field: str | None) -> float:
+    """approx_quantile's `q`: a number in [0, 1]."""
+    try:
+        q = float(text) if text is not None else None
+    except ValueError:
+        q = None
+    if q is None or not 0 <= q <= 1:
+        got = "no q" if text is None else f"q {text}"
+        raise WireInputError(
+            f"{where}: approx_quantile needs a q between 0 and 1 (got {got}), e.g. approx_quantile({field}, 0.95)"
+        )
+    return q
 
 
 def _window(raw: object, i: int) -> WindowSpec:
@@ -337,7 +394,11 @@ def _window(raw: object, i: int) -> WindowSpec:
     wtype = _req(raw, "type", where)
     if wtype == "join":
         return _join(raw, name, where)
-    known = {"tumbling": {"size", "offset"}, "sliding": {"size", "slide", "offset"}, "session": {"gap", "gap_field"}}
+    known = {
+        "tumbling": {"size", "offset", "input"},
+        "sliding": {"size", "slide", "offset", "input"},
+        "session": {"gap", "gap_field", "input"},
+    }
     if wtype not in known:
         raise WireInputError(f"{where}.type: unknown window type {wtype!r}; use tumbling, sliding or session")
     extra = set(raw) - known[wtype] - {"name", "type", "aggregates"}
@@ -346,14 +407,15 @@ def _window(raw: object, i: int) -> WindowSpec:
             f"{where}: unknown key(s) {sorted(extra)} for a {wtype} window; allowed: {sorted(known[wtype])}"
         )
     aggs = _aggregates(raw.get("aggregates"), where)
+    inp = check_name(raw["input"], f"{where}.input") if raw.get("input") is not None else None
     if wtype == "session":
         gap = parse_duration(_req(raw, "gap", where), f"{where}.gap")
         if gap <= 0:
             raise WireInputError(f"{where}.gap: must be > 0")
         gap_field = _field(raw["gap_field"], f"{where}.gap_field") if raw.get("gap_field") else None
-        return WindowSpec(name=name, type="session", gap=gap, gap_field=gap_field, aggregates=aggs)
+        return WindowSpec(name=name, type="session", gap=gap, gap_field=gap_field, aggregates=aggs, input=inp)
     size, slide, offset = _extent(raw, wtype, where)
-    return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs)
+    return WindowSpec(name=name, type=wtype, size=size, slide=slide, offset=offset, aggregates=aggs, input=inp)
 
 
 def _extent(raw: dict, wtype: str, where: str) -> tuple[int, int, int]:
@@ -480,6 +542,11 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if len(set(names)) != len(names):
         raise WireInputError("windows: two windows share a name; give each a unique name")
     for w in windows:
+        if w.input is not None and w.input not in {i.name for i in inputs}:
+            raise WireInputError(
+                f"windows.{w.name}.input: no input named {w.input!r}; choose one of: "
+                + ", ".join(i.name for i in inputs)
+            )
         if w.type != "join":
             continue
         if not inputs[0].pipeline:

@@ -19,6 +19,7 @@ from datetime import timedelta
 import dagster as dg
 
 from wire_dagster.assetview import raw_streams
+from wire_dagster.landing import AdoptReport, landing_readers, observation
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import format_duration
 
@@ -47,18 +48,40 @@ def build_stream_specs(specs: Sequence[Pipeline]) -> list[dg.AssetSpec]:
     out = []
     for stream, ps in sorted(readers.items()):
         window = min(freshness_ms(p) for p in ps)
+        landings = sorted({r.landing for p in ps for r in landing_readers(p) if r.stream == stream and r.landing})
+        source = (
+            f"adopted from the landing prefix {', '.join(landings)} (objects other tools write; each adoption "
+            "is observed: objects, bytes, segment watermarks)"
+            if landings
+            else "written by `wire produce`"
+        )
         out.append(
             dg.AssetSpec(
                 stream_key(stream),
                 description=(
-                    f"Stream {stream}: append-only chunks in the object store (streams/{stream}/), written by "
-                    f"`wire produce`; read by {', '.join(sorted(p.name for p in ps))}. Reported (materialized) "
+                    f"Stream {stream}: append-only chunks in the object store (streams/{stream}/), "
+                    f"{source}; read by {', '.join(sorted(p.name for p in ps))}. Reported (materialized) "
                     f"when a reader commits new chunks of it; stale after {format_duration(window)} without one."
                 ),
                 group_name="streams",
                 kinds={"s3"},
-                metadata={"wire/stream": stream, "wire/prefix": f"streams/{stream}/"},
+                metadata={
+                    "wire/stream": stream,
+                    "wire/prefix": f"streams/{stream}/",
+                    **({"wire/landing": ", ".join(landings)} if landings else {}),
+                },
                 freshness_policy=freshness_policy(window),
             )
         )
     return out
+
+
+def landing_observations(spec: Pipeline, reports: Sequence[AdoptReport]) -> list[dg.AssetObservation]:
+    """The stream assets' observations of one adoption (the sensor's evaluation): objects adopted,
+    their bytes, events, dead letters, rewrites, and the segments' watermarks; none when nothing
+    landed or changed (an idle evaluation records nothing)."""
+    return [
+        dg.AssetObservation(asset_key=stream_key(r.stream), metadata=observation(spec, r))
+        for r in reports
+        if r.adopted or r.changed
+    ]

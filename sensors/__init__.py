@@ -25,7 +25,9 @@ import dagster as dg
 
 from assets.keys import REASON_TAG, RUN_KEY_TAG, SENSOR_NAME_TAG, pipeline_tags
 from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
+from assets.streams import landing_observations
 from resources import ObjectStoreResource
+from wire_dagster.landing import adopt
 from wire_dagster.planner import parse_cursor, plan
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
@@ -183,12 +185,14 @@ def build_sensor(spec: Pipeline, job) -> dg.SensorDefinition:
     def _sensor(context: dg.SensorEvaluationContext, wire_store: ObjectStoreResource):
         instance, sensor = context.instance, sensor_name(spec)
         cursor = forget_failed_plan(instance, sensor, shared_cursor(spec, instance, context.cursor))
-        reqs, cursor, summary = run_requests(spec, wire_store.get_store(), cursor)
+        store = wire_store.get_store()
+        adopted = adopt(store, spec)  # landing prefixes (DESIGN §4 Sources): adopted before planning
+        reqs, cursor, summary = run_requests(spec, store, cursor)
         reqs = retry_keys(instance, sensor, reqs, log=context.log)
         if not BY_TICK.get():
             save_cursor(spec, instance, cursor)
         context.log.info(summary)
-        return dg.SensorResult(run_requests=reqs, cursor=cursor)
+        return dg.SensorResult(run_requests=reqs, cursor=cursor, asset_events=landing_observations(spec, adopted))
 
     return _sensor
 

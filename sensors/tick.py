@@ -56,6 +56,8 @@ def tick(
                     BY_TICK.reset(token)
             runs.check()
             assert isinstance(result, dg.SensorResult)  # build_sensor's sensors return one
+            for event in result.asset_events or []:  # a landing adoption's observation, as the daemon records it
+                instance.report_runless_asset_event(event)
             reqs = list(result.run_requests or [])
             if progress is not None:
                 progress(0, len(reqs))

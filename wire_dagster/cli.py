@@ -243,8 +243,18 @@ def close(
 
     if bool(pipeline) == bool(stream):
         raise WireInputError("close: give --pipeline P (its stream) or --stream S")
-    name = _spec(pipeline).own_stream("close") if pipeline else check_name(stream, "--stream")
-    sealed = close_stream(_store(), name)
+    from .landing import adopt_and_close, landing_readers
+    from .spec import pipelines_dir, readers_of
+
+    spec = _spec(pipeline) if pipeline else None
+    name = spec.own_stream("close") if spec else check_name(stream, "--stream")
+    store = _store()
+    # A stream with a landing prefix adopts what landed (a rescan) before its segments are sealed.
+    readers = landing_readers(spec) if spec else readers_of(name, pipelines_dir())
+    landed = [r for r in readers if r.landing and r.stream == name]
+    for rep in adopt_and_close(store, landed[0], name) if landed else []:
+        out.print(f"adopted {rep.adopted} objects from {rep.landing} before closing")
+    sealed = close_stream(store, name)
     out.print(f"sealed {len(sealed)} segments of {name}: " + ", ".join(f"{s}@{n}" for s, n in sealed.items()))
 
 
@@ -510,6 +520,10 @@ def status(
     _check_output(plot, "--plot")
     with _reading_store() as store:
         st = pipeline_status(store, spec)
+        from .landing import landing_readers, landing_status
+
+        if landing_readers(spec):
+            st["landing"] = landing_status(store, spec)
         if plot:
             plot_watermarks(store, spec, plot)
     if as_json:
@@ -528,6 +542,20 @@ def status(
     ]
     cols = ["segment", "chunks", "read up to", "max event time", "watermark", "decision"]
     out.print(fit_table(f"{spec.name}: stream {spec.stream}", cols, segs, times=("max event time", "watermark")))
+    for land in st.get("landing", []):
+        for s in land["segments"]:
+            rewritten = ", ".join(c["key"] for c in s["changed"]) or "none"
+            closing = ", ".join(s["after_close"])
+            late = f"; adopted as the stream closed (not read): {closing}" if closing else ""
+            out.print(
+                f"landing {land['landing']} segment {s['segment']}: {s['objects']} objects adopted "
+                f"({s['bytes']} bytes, {s['events']} events, {s['malformed']} malformed), last key "
+                f"{s['last_key'] or '-'}; rewritten after adoption (not read again): {rewritten}{late}",
+                markup=False,
+                highlight=False,
+            )
+        if land["unsegmented"]:
+            out.print(f"landing {land['landing']}: not in a segment: {', '.join(land['unsegmented'])}", markup=False)
     out.print(
         f"stream watermark: {st['watermark']}   last committed epoch: {st['epoch'] if st['epoch'] else '-'}   "
         f"pending chunks: {st['pending_chunks']}"

@@ -95,7 +95,8 @@ class JoinColumn(BaseModel):
 class WindowSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
-    type: Literal["tumbling", "sliding", "session", "join"]
+    # "output": a computation's output (computestage.py), a record at t as the row [t, t + 1)
+    type: Literal["tumbling", "sliding", "session", "join", "output"]
     size: int = 0  # ms; tumbling and sliding
     slide: int = 0  # ms; sliding (tumbling: == size)
     offset: int = 0  # ms; alignment to the epoch plus offset
@@ -149,6 +150,22 @@ class Input(BaseModel):
     where: str | None = None
     pipeline: str | None = None  # a derived stream: the pipeline whose window it reads ...
     output: str | None = None  # ... and the window
+    # A landing prefix (DESIGN §4 Sources): objects other tools write there are adopted into the
+    # stream (wire_dagster/landing.py); segment_by names their segment by a regex on the key.
+    landing: str | None = None
+    segment_by: str | None = None
+    rescan: int | None = None  # ms between full listings of a landing segment (late flushes, rewrites)
+
+
+class ComputationSpec(BaseModel):
+    """A user computation (DESIGN §4 `computations:`): `code` (`module:Class`, imported with the
+    pipeline file's directory on the path) run per key of `input`, producing into `outputs`."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    input: str
+    code: str
+    outputs: tuple[str, ...]
 
 
 #: The event time of a derived stream's records: their window's last instant (Flink's window_time).
@@ -184,6 +201,12 @@ class Pipeline(BaseModel):
     # Several raw inputs (a union): each its stream, key and filter; the fields above are the
     # first's. Empty for a pipeline of one input, whose segments keep their own names.
     inputs: tuple[Input, ...] = ()
+    # The landing prefix of a pipeline of one input (landing.py); of several: each Input's.
+    landing: str | None = None
+    segment_by: str | None = None
+    rescan: int | None = None
+    # User computations (computestage.py); their outputs are the pipeline's windows of type "output".
+    computations: tuple[ComputationSpec, ...] = ()
     orchestration: Orchestration = Orchestration()
     source: str | None = None  # the file it came from (not part of the fingerprint)
 
@@ -202,6 +225,9 @@ class Pipeline(BaseModel):
                 "key_fields": inp.key_fields,
                 "where": inp.where,
                 "inputs": (),
+                "landing": inp.landing,
+                "segment_by": inp.segment_by,
+                "rescan": inp.rescan,
             }
         )
 
@@ -314,8 +340,10 @@ class Pipeline(BaseModel):
             body["where"] = self.where
         if self.fields:
             body["fields"] = [list(f) for f in self.fields]
-        if self.inputs:
-            body["inputs"] = [i.model_dump(mode="json") for i in self.inputs]
+        if self.inputs:  # where a stream's records come from (landing) decides nothing of the results
+            body["inputs"] = [
+                i.model_dump(mode="json", exclude={"landing", "segment_by", "rescan"}) for i in self.inputs
+            ]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -506,6 +534,7 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         "lateness",
         "partition",
         "windows",
+        "computations",
         "start",
         "end",
         "limits",
@@ -534,10 +563,11 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     lateness = raw.get("lateness") or {}
     if not isinstance(lateness, dict):
         raise WireInputError("lateness: expected a mapping like {allowed: 30s}")
-    wins = raw.get("windows")
+    computations = _computations(raw, inputs) if "computations" in raw else ()
+    wins = raw.get("windows") if not computations else _output_windows(raw, computations)
     if not isinstance(wins, list) or not wins:
         raise WireInputError("windows: missing; list at least one tumbling, sliding or session window")
-    windows = tuple(_window(w, i) for i, w in enumerate(wins))
+    windows = tuple(w if isinstance(w, WindowSpec) else _window(w, i) for i, w in enumerate(wins))
     names = [w.name for w in windows]
     if len(set(names)) != len(names):
         raise WireInputError("windows: two windows share a name; give each a unique name")
@@ -625,6 +655,10 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             where=where,
             fields=fields,
             inputs=tuple(inputs) if len(inputs) > 1 or inputs[0].pipeline else (),
+            landing=first.landing,
+            segment_by=first.segment_by,
+            rescan=first.rescan,
+            computations=computations,
             orchestration=orch,
             source=source,
         )
@@ -633,7 +667,70 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
         raise WireInputError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
-_INPUT_KEYS = {"name", "stream", "time", "id", "key", "where", "pipeline", "output"}
+CODE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _computations(raw: dict, inputs: list[Input]) -> tuple[ComputationSpec, ...]:
+    """`computations:` a list of `{name, input, code: "module:Class", outputs: [...]}`."""
+    comps = raw["computations"]
+    if not isinstance(comps, list) or not comps:
+        raise WireInputError("computations: expected a list of {name, input, code: module:Class, outputs: [...]}")
+    if raw.get("windows"):
+        raise WireInputError(
+            "computations: windows and computations in one pipeline are not built yet; put the windows in a "
+            "pipeline of their own (streams are shared: both read the same stream)"
+        )
+    if inputs[0].pipeline or len(inputs) > 1:
+        raise WireInputError(
+            "computations: a computation over a derived stream or several inputs is not built yet; "
+            "read one raw stream (stream + event, or one input)"
+        )
+    out: list[ComputationSpec] = []
+    for i, c in enumerate(comps):
+        if not isinstance(c, dict):
+            raise WireInputError(f"computations[{i}]: expected a mapping with name, input, code, outputs")
+        extra = set(c) - {"name", "input", "code", "outputs"}
+        if extra:
+            raise WireInputError(
+                f"computations[{i}]: unknown key(s) {sorted(extra)}; allowed: code, input, name, outputs"
+            )
+        name = check_name(_req(c, "name", f"computations[{i}]"), f"computations[{i}].name")
+        where = f"computations.{name}"
+        inp = c.get("input") or inputs[0].name
+        if inp not in {x.name for x in inputs}:
+            raise WireInputError(
+                f"{where}.input: no input named {inp!r}; choose one of: " + ", ".join(x.name for x in inputs)
+            )
+        code = _req(c, "code", where)
+        if not isinstance(code, str) or not CODE_RE.match(code):
+            raise WireInputError(f"{where}.code: {code!r} is not module:Class, e.g. quiet:QuietAlert")
+        outs = c.get("outputs")
+        if not isinstance(outs, list) or not outs:
+            raise WireInputError(f"{where}.outputs: give the output streams it produces into, e.g. [alerts]")
+        outputs = tuple(check_name(o, f"{where}.outputs") for o in outs)
+        if any(x.name == name for x in out):
+            raise WireInputError(f"computations: two computations are named {name!r}; give each a unique name")
+        out.append(ComputationSpec(name=name, input=inp, code=code, outputs=outputs))
+    return tuple(out)
+
+
+def _output_windows(raw: dict, comps: tuple[ComputationSpec, ...]) -> list[WindowSpec]:
+    """The computations' outputs as the pipeline's windows (type "output": read, published and
+    partitioned like windows); an output name is unique in the pipeline."""
+    del raw
+    out: list[WindowSpec] = []
+    for c in comps:
+        for o in c.outputs:
+            if any(w.name == o for w in out):
+                raise WireInputError(
+                    f"computations.{c.name}.outputs: {o!r} is produced by two computations; "
+                    "give each computation its own outputs"
+                )
+            out.append(WindowSpec(name=o, type="output", size=1, slide=1, aggregates=()))
+    return out
+
+
+_INPUT_KEYS = {"name", "stream", "time", "id", "key", "where", "pipeline", "output", "landing", "segment_by", "rescan"}
 
 
 def _inputs(raw: dict, name: str) -> list[Input]:
@@ -701,10 +798,38 @@ def _derived_input(label: str, m: dict, where_at: str) -> Input:
     )
 
 
+_RESERVED = ("streams/", "pipelines/")  # Wire's own prefixes in the bucket
+
+
+def check_landing(prefix: object, segment_by: object, where: str) -> str:
+    """A landing prefix (wire_dagster/landing.py) as given in a pipeline file, checked (one line
+    naming the fix); it ends in '/'. `segment_by`: a regex of at most one group."""
+    if not isinstance(prefix, str) or not prefix.strip("/"):
+        raise WireInputError(f"{where}.landing: expected a prefix in the bucket, e.g. topics/clicks/")
+    if prefix.startswith("/") or ".." in prefix.split("/") or "//" in prefix:
+        raise WireInputError(f"{where}.landing: bad prefix {prefix!r}; use a relative key prefix like topics/clicks/")
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
+    if prefix.startswith(_RESERVED):
+        raise WireInputError(f"{where}.landing: {prefix!r} is under Wire's own prefixes {_RESERVED}; land elsewhere")
+    if segment_by is not None:
+        if not isinstance(segment_by, str) or not segment_by:
+            raise WireInputError(f"{where}.segment_by: expected a regex like 'partition=(\\d+)'")
+        try:
+            rx = re.compile(segment_by)
+        except re.error as e:
+            raise WireInputError(f"{where}.segment_by: bad regex {segment_by!r} ({e})") from None
+        if rx.groups > 1:
+            raise WireInputError(f"{where}.segment_by: {segment_by!r} has {rx.groups} groups; use one (the segment)")
+    return prefix
+
+
 def _raw_input(label: str, stream: str, m: dict, where_at: str) -> Input:
     where = m.get("where")
     if where is not None:
         expression_columns(where, f"{where_at}.where")
+    if m.get("landing") is None and ("segment_by" in m or "rescan" in m):
+        raise WireInputError(f"{where_at}: segment_by and rescan apply to a landing prefix; add landing: <prefix>/")
+    landing = check_landing(m["landing"], m.get("segment_by"), where_at) if m.get("landing") is not None else None
     return Input(
         name=label,
         stream=stream,
@@ -712,6 +837,9 @@ def _raw_input(label: str, stream: str, m: dict, where_at: str) -> Input:
         id_field=_field(m["id"], f"{where_at}.id") if m.get("id") else None,
         key_fields=_key(m.get("key"), f"{where_at}.key"),
         where=where,
+        landing=landing,
+        segment_by=m.get("segment_by"),
+        rescan=parse_duration(m["rescan"], f"{where_at}.rescan") if m.get("rescan") is not None else None,
     )
 
 

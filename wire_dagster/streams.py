@@ -74,9 +74,15 @@ class ChunkMeta:
     ingest_ms: int
     bytes: int
     format: int = EVENTS  # events.RECORDS for chunks of shared streams; EVENTS: one pipeline's events
+    # An adopted object's (landing.py): its key, etag, size, last_modified_ms, and `hw`, the highest
+    # key the segment had adopted with this chunk. None for a produced chunk.
+    source: dict | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["source"] is None:
+            del d["source"]  # a produced chunk's index, byte for byte as before
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> ChunkMeta:

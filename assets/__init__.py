@@ -289,10 +289,12 @@ def _materializations(spec: Pipeline, context, store, manifest, parts: list[int]
     """One materialization per selected asset and partition: MaterializeResult for a run of one
     partition, AssetMaterialization events (each with its own data version) for a range."""
     from wire_dagster.assetview import EpochCounts, window_partition
+    from wire_dagster.computestage import partition_counters
     from wire_dagster.status import partition_report
 
     chart = _chart(spec, context, store, manifest)
     counts = EpochCounts(store, spec, manifest)
+    computed = partition_counters(store, spec, manifest) if spec.computations else {}
     totals = {
         w.name: sum(r.rows for r in (manifest.outputs.get(w.name, {}) if manifest else {}).values())
         for w in spec.windows
@@ -322,6 +324,10 @@ def _materializations(spec: Pipeline, context, store, manifest, parts: list[int]
                 bucket=store.bucket,
                 chart=chart,
             )
+            if w.type == "output":  # a computation's records: its counters in this partition
+                zero = {"records_in": 0, "timers_fired": 0, "errors": 0, "produced": 0}
+                for k, v in computed.get((w.name, p), zero).items():
+                    md[f"computation/{k}"] = v if isinstance(v, str) else dg.MetadataValue.int(v)
             version = report["windows"][w.name]["data_version"]
             if single:
                 yield dg.MaterializeResult(asset_key=key, data_version=dg.DataVersion(version), metadata=md)

@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 
 from reference import batch_of_clicks
+from test_computation_crash import cli_env_module, template  # noqa: F401  (fixtures: the computation test below)
 from wire_dagster.procgroup import Proc, free_port, group_members, port_answers, wait_until
 from wire_dagster.sparkserver import SPARK_CLIENT_ENV, spark_home
 
@@ -563,6 +564,30 @@ def _drive(cfg: dict) -> None:
     rep["java_children"] = [p.pid for p in psutil.Process().children(recursive=True) if "java" in p.name()]
     spark.stop()
     print("WIRE_REPORT " + json.dumps(rep), flush=True)
+
+
+def test_a_computation_on_a_standalone_cluster_commits_what_spark_connect_did(s3_server, jvms: Jvms, request) -> None:
+    """The same epoch on a standalone cluster (master + 2 workers, executors in JVMs of their own
+    whose Python workers get the computation's module by value): the same committed bytes and
+    records as the run through Spark Connect (or local[2]) that made the expectation: the
+    computation crash tests' `template` fixture. Here, on this module's cluster, already up."""
+    from test_computation_crash import _assert_equal_to_uninterrupted, _fresh
+
+    expected = request.getfixturevalue("template")
+
+    cluster = jvms.ready()
+    st, env, want = _fresh(expected, s3_server)
+    cluster_env = dict(base_env(cluster.tmp), **{k: v for k, v in env.items() if k.startswith(("WIRE_S3_", "AWS_"))})
+    cluster_env.update(
+        WIRE_PIPELINES=env["WIRE_PIPELINES"],
+        WIRE_HOME=env["WIRE_HOME"],
+        DAGSTER_HOME=env["DAGSTER_HOME"],
+        WIRE_SPARK_MASTER=cluster.cluster.master_url,
+    )
+    from commit_scenario import wire
+
+    wire(["process", "--pipeline", "comp", "--max-epochs", "5"], cluster_env)
+    _assert_equal_to_uninterrupted(st, env, want)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,10 @@ def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], p
             from .derived import recompute as recompute_derived
 
             contents = recompute_derived(store, spec, spark, partitions)
+        elif spec.computations:  # user computations: their timeline replayed (computestage.py)
+            from .computestage import recompute as recompute_computations
+
+            contents = recompute_computations(store, spec, spark, partitions, progress)
         else:
             contents = recompute(store, spec, spark, partitions, progress)
         run_id = new_run_id()

@@ -183,7 +183,7 @@ def plan_epoch(store: ObjectStore, spec: Pipeline, ups: list[Upstream], prev: Ma
         n = targets[u.input.name]
         m = _upstream_manifest(store, spec, u, n) if n else None
         refs[u.input.name] = dict(m.outputs.get(u.window.name, {})) if m else {}
-        wms[u.input.name] = m.watermark if m else NEG_INF
+        wms[u.input.name] = _upstream_watermark(u, m)
         before = prev.upstream.get(u.input.name, {}) if prev else {}
         now = {p: r.sha256 for p, r in refs[u.input.name].items()}
         for p in sorted(set(before) | set(now), key=int):
@@ -193,6 +193,18 @@ def plan_epoch(store: ObjectStore, spec: Pipeline, ups: list[Upstream], prev: Ma
     w_new = max(w_prev, min(wms.values()))
     epoch = (prev.epoch if prev else 0) + 1
     return Planned(epoch, targets, refs, wms, w_prev, w_new, changed, replay[1:])
+
+
+def _upstream_watermark(u: Upstream, m: Manifest | None) -> int:
+    """The watermark of what an input reads at upstream epoch `m`: the upstream's W, or for a
+    computation's output its output watermark (min of W and its oldest pending timer)."""
+    if m is None:
+        return NEG_INF
+    if u.window.type == "output":
+        from .computestage import output_watermark
+
+        return output_watermark(m)
+    return m.watermark
 
 
 def _upstream_manifest(store: ObjectStore, spec: Pipeline, u: Upstream, n: int) -> Manifest:
@@ -314,7 +326,7 @@ def recompute(
         n = int(latest.remap.get(u.input.name, 0))
         m = _upstream_manifest(store, spec, u, n) if n else None
         refs[u.input.name] = dict(m.outputs.get(u.window.name, {})) if m else {}
-        wms[u.input.name] = m.watermark if m else NEG_INF
+        wms[u.input.name] = _upstream_watermark(u, m)
     # every window of the partitions asked (they overlap the partitions' time) that W has passed
     ranges = [(p, p + spec.partition) for p in sorted(set(partitions_))]
     plan = Planned(latest.epoch, dict(latest.remap), refs, wms, latest.watermark, latest.watermark, ranges, ())
@@ -379,10 +391,12 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     (their records as the pipeline reads them) and aggregate them with the kernel's code; one
     task per block of event time (`_blocks`), one task in all for a few files."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
+    from .computestage import record_columns
     from .events import ERR, KEY, ROW, TIME, chunk_schema
     from .extract import pipeline_events
     from .kernel import _fs, _read_key
 
+    computed_inputs = {u.input.name for u in ups if u.window.type == "output"}
     blocks = _blocks(spec, ups, _files(spec, ups, plan), settings.derived_block_files())
     readers = {u.input.name: record_spec(spec, u.input) for u in ups}
     opts, bucket = store.fs_options(), store.bucket
@@ -403,7 +417,9 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         records: dict[str, list[pa.Table]] = {}  # input -> its rows as read (for joins): columns + _key, _t
         for name, p, key in block.reads:
             t = _read_key(fs, bucket, key, None, [])
-            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))
+            if name in computed_inputs:  # a computation's records: their fields as columns
+                t = record_columns(t)
+            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
             ev = pipeline_events(readers[name], records_chunk_of(t), _FAR)
             good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
             owned += good.num_rows if key in block.owns else 0

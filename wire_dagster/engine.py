@@ -77,6 +77,11 @@ def process(
     per call, not per epoch: a backlog's intermediate outputs are never published (if
     the call fails half-way, the next one's self-correction publishes what is committed).
     """
+    if spec.computations:  # user code per key (MillWheel computations)
+        from .computestage import process as process_computations
+
+        kw = {"max_epochs": max_epochs, "run_id": run_id, "now": now, "keep_epochs": keep_epochs}
+        return process_computations(store, spec, spark, progress=progress, **kw)
     if spec.derived:  # a stage over other pipelines' windows: recomputed, not streamed
         from .derived import process as process_derived
 

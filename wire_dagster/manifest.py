@@ -107,6 +107,9 @@ class Manifest(BaseModel):
     # A pipeline of derived streams (derived.py): per input, the sha256 of each partition of the
     # upstream window it has read (its remap is the upstream's committed epoch per input).
     upstream: dict[str, dict[str, str]] = {}
+    # A pipeline of computations (computestage.py): per computation, the epoch's counters (records
+    # delivered, timers fired, errors, produced, state keys) and its output watermark.
+    computed: dict[str, dict[str, int]] = {}
     created_ms: int = 0
 
     def to_bytes(self) -> bytes:

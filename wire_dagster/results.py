@@ -58,6 +58,8 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
         fields.append(pa.field(a.name, arrow.get(OUTPUT_TYPES.get(a.func, ""), pa.float64())))
     # a join's columns are typed as its inputs' are; with no row at all, as text
     fields += [pa.field(c.name, pa.string()) for c in w.select]
+    if w.type == "output":  # a computation's records (computestage.py): their id and fields (JSON)
+        fields += [pa.field("id", pa.string()), pa.field("record", pa.string())]
     return pa.schema(fields).empty_table()
 
 

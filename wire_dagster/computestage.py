@@ -1,0 +1,797 @@
+"""Running user computations (DESIGN §6, computation.py) as a pipeline's epochs, on Spark.
+
+A pipeline with `computations:` reads one raw stream. Its epochs are planned exactly as the
+window engine's (reclock.py: offsets, watermark, idleness, back-pressure, replays after a
+rewind); each epoch then runs every computation per key:
+
+- **Spark, per key bucket.** The executors read the epoch's chunks (each record whole, as a
+  JSON text, with its time, key and source position: `read_records`) and the carried per-key
+  state file from the store; Spark brings the rows of one key bucket together
+  (`pmod(xxhash64(key), buckets)`, the window kernel's bucketing) and one Python worker runs
+  `run_bucket` over them: `computation.run_key` per key, in key order. An epoch small enough
+  for one worker (`reclock.one_task`), and a backlog of such epochs, runs as ONE task that
+  reads its chunks itself and carries the state from epoch to epoch in memory — the same
+  results. Only the produced records, the new carried state (bounded by what the user keeps,
+  plus the records waiting for W) and dead letters come back to the driver.
+- **Exactly once.** The produced records (per output partition: the partition's committed
+  rows plus the epoch's, `out/<output>/<partition>.parquet`), the carried state
+  (`state/_computations.parquet`: per computation and key, the user's state, the pending
+  timers and the records waiting for W) and the dead letters are staged under the run's id,
+  named by the epoch's manifest and made visible by its commit marker (checkpoint.py): a
+  retry, restart, rewind or backfill computes the same epoch from the same remap and state,
+  so it commits the same rows with the same ids.
+- **Outputs are read like windows**: a record produced at event time t is the row
+  `key, window_start = t, window_end = t + 1, id, record` (its fields as JSON text) of its
+  output's partition (of t), so `wire read --window <output>`, the Dagster assets and the
+  partitions' readiness treat an output as a window whose results are the records.
+- **User errors**: a record or timer the code raises on is a dead letter
+  `error: <Type>: <message>` with its position and the computation's name (`window`); a class
+  that cannot be imported fails the run with one line naming the pipeline file and the code.
+
+Counts per epoch (manifest `counts`): `events_in` = records read; `counted[c]` = the records
+computation c accounted for — delivered (late included, errors included) plus the change of its
+buffer — so `events_in == counted + malformed + filtered` holds per computation. The manifest's
+`computed` holds, per computation, the epoch's other counters (timers fired, errors, produced
+records, state keys) and its output watermark; a carried file holds the counters per event-time
+partition since the first epoch (`partition_counters`, the Dagster metadata).
+
+A backfill (`recompute`) replays the recorded timeline through the same code with no state, in
+one Spark task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import partitions, reclock, settings
+from .checkpoint import Checkpoints, new_run_id
+from .computation import Computation, Item, KeyState, load_class, run_key
+from .errors import CommitConflict, ObjectNotFound, ObjectStoreError, WireError, WireInputError
+from .events import ERR, FILTERED, ID, KEY, RAW, REC, RECORDS, ROW, SRC, TIME
+from .faults import fault, pause
+from .manifest import Counts, FileRef, Manifest, SegmentRecord
+from .objectstore import ObjectStore
+from .outcome import Outcome
+from .parquetio import parquet_bytes
+from .results import read_file
+from .spec import ComputationSpec, Pipeline
+from .streams import ChunkMeta, check_stream, read_inputs
+from .timeutil import NEG_INF, now_ms
+
+SEG, SEQ, JSON = "_seg", "_seq", "_json"
+STATE = "_computations"  # the carried state's name in the manifest's `state`
+PSTATS_STATE = "_computation_stats"  # ... and the counters per partition since epoch 1
+
+#: What the executors read of a chunk: the events' time, key, id and position, why a record makes
+#: no event (ERR: malformed or filtered) with its text (SRC), and each event's record as JSON.
+RECORD_SCHEMA = pa.schema(
+    [
+        (TIME, pa.int64()),
+        (KEY, pa.string()),
+        (ID, pa.string()),
+        (ROW, pa.int64()),
+        (ERR, pa.string()),
+        (SRC, pa.string()),
+        (SEG, pa.string()),
+        (SEQ, pa.int64()),
+        (JSON, pa.string()),
+    ]
+)
+CARRIED_SCHEMA = pa.schema([("comp", pa.string()), ("key", pa.string()), ("data", pa.string())])
+PRODUCED_SCHEMA = pa.schema(
+    [
+        ("output", pa.string()),
+        ("key", pa.string()),
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("id", pa.string()),
+        ("record", pa.string()),
+    ]
+)
+#: An output partition's content: the produced rows without their output name.
+OUTPUT_SCHEMA = pa.schema([f for f in PRODUCED_SCHEMA if f.name != "output"])
+DEAD_SCHEMA = pa.schema(
+    [
+        ("reason", pa.string()),
+        ("window", pa.string()),
+        ("event", pa.string()),
+        ("event_time", pa.int64()),
+        ("segment", pa.string()),
+        ("chunk", pa.int64()),
+        ("row", pa.int64()),
+    ]
+)
+STAT_NAMES = ("delivered", "late", "fired", "errors", "produced", "buffered", "buffered_before", "state_keys")
+STATS_SCHEMA = pa.schema(
+    [("comp", pa.string())] + [(n, pa.int64()) for n in STAT_NAMES] + [("pending_timer", pa.int64())]
+)
+#: Per computation and event-time partition: records delivered, timers fired, errors (records and
+#: timers whose code raised) and records produced, by the event time of each.
+PSTATS = ("records_in", "timers_fired", "errors", "produced")
+PSTATS_SCHEMA = pa.schema([("comp", pa.string()), ("partition", pa.int64())] + [(n, pa.int64()) for n in PSTATS])
+N_SCHEMA = pa.schema([("events_in", pa.int64()), ("malformed", pa.int64()), ("filtered", pa.int64())])
+
+
+# ---------------------------------------------------------------------------
+# The user's classes
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The pipeline's computations with their classes, picklable to the executors (the user's
+    modules by value, so an executor needs no copy of the pipeline's directory)."""
+
+    specs: tuple[ComputationSpec, ...]
+    classes: tuple[type, ...]
+    directory: str | None
+    partitioning: tuple[int, int] = (0, 3_600_000)  # (start, size) of the pipeline's partitions
+
+    def partition(self, t: int) -> int:
+        """The start of the event-time partition holding `t` (partitions.of)."""
+        start, size = self.partitioning
+        return start + ((t - start) // size) * size
+
+    def instances(self) -> dict[str, Computation]:
+        import sys
+
+        if self.directory and self.directory not in sys.path:
+            sys.path.insert(0, self.directory)  # helper modules beside the user's, on an executor
+        return {c.name: cls() for c, cls in zip(self.specs, self.classes, strict=True)}
+
+
+def load(spec: Pipeline) -> Loaded:
+    """Import every computation's class (one line naming the pipeline file and the code when one
+    cannot be), and mark its module to be shipped by value to the executors."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    directory = str(Path(spec.source).resolve().parent) if spec.source else None
+    classes = []
+    for c in spec.computations:
+        where = f"pipeline file {spec.source or spec.name}: computations.{c.name}.code {c.code!r}"
+        cls = load_class(c.code, directory, where)
+        mod = sys.modules.get(cls.__module__)
+        if mod is not None and cls.__module__.startswith("wire_user_"):  # loaded from its file: shipped whole
+            cloudpickle.register_pickle_by_value(mod)
+        classes.append(cls)
+    return Loaded(spec.computations, tuple(classes), directory, (spec.start, spec.partition))
+
+
+# ---------------------------------------------------------------------------
+# Reading records (on the executors)
+
+
+def _record_texts(chunk: pa.Table) -> list[str | None]:
+    """Each record of a RECORDS chunk as JSON text: its line, or its Parquet columns."""
+    if RAW in chunk.column_names:
+        return [None if b is None else b.decode("utf-8") for b in chunk[RAW].to_pylist()]
+    return [None if r is None else json.dumps(r, default=str) for r in chunk[REC].to_pylist()]
+
+
+def read_records(spec: Pipeline, fs, bucket: str, key: str, seg: str, seq: int, ingest: int, fmt: int) -> pa.Table:
+    """One chunk as RECORD_SCHEMA rows: the pipeline's checks decide events, malformed and
+    filtered records (extract.py), and each event keeps its whole record as JSON text."""
+    from .extract import pipeline_events
+    from .kernel import _read_key
+
+    if fmt != RECORDS:
+        raise WireError(
+            f"chunk {key}: a computation reads chunks of records (written by `wire produce` since "
+            "streams are shared); this chunk holds one pipeline's events only"
+        )
+    chunk = _read_key(fs, bucket, key, None, [])
+    ev = pipeline_events(spec.reader_of(seg), chunk, ingest)
+    texts = _record_texts(chunk)
+    at = {r: i for i, r in enumerate(chunk[ROW].to_pylist())}
+    js = [texts[at[r]] if e is None else None for r, e in zip(ev[ROW].to_pylist(), ev[ERR].to_pylist(), strict=True)]
+    ev = ev.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), ev.num_rows))
+    ev = ev.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), ev.num_rows))
+    ev = ev.append_column(JSON, pa.array(js, pa.string()))
+    return ev.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
+
+
+# ---------------------------------------------------------------------------
+# One key bucket of one epoch (pure: tests call it directly)
+
+
+def _key_order(k: str | None) -> tuple[bool, str]:
+    return (k is not None, k or "")
+
+
+def run_bucket(
+    loaded: Loaded, comps: dict[str, Computation], events: pa.Table, carried: pa.Table, w_prev: int, w_new: int
+) -> dict[tuple[str, str], pa.Table]:
+    """Every computation over the keys of `events` (RECORD_SCHEMA) and `carried` (CARRIED_SCHEMA):
+    tables ("produced", ""), ("carried", ""), ("dead", ""), ("stats", ""), ("n", "")."""
+    err = events[ERR].to_pylist()
+    n_filtered = sum(1 for e in err if e == FILTERED)
+    bad = [i for i, e in enumerate(err) if e is not None and e != FILTERED]
+    dead_rows: list[dict] = []
+    if bad:
+        b = events.take(pa.array(bad, pa.int64())).to_pydict()
+        for i in range(len(bad)):
+            dead_rows.append(
+                {
+                    "reason": b[ERR][i],
+                    "window": None,
+                    "event": b[SRC][i],
+                    "event_time": b[TIME][i],
+                    "segment": b[SEG][i],
+                    "chunk": b[SEQ][i],
+                    "row": b[ROW][i],
+                }
+            )
+    good = events.filter(pc.is_null(events[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
+    by_key: dict[str | None, list[Item]] = {}
+    g = good.select([TIME, KEY, SEG, SEQ, ROW, JSON]).to_pydict()
+    for t, k, s, q, r, j in zip(g[TIME], g[KEY], g[SEG], g[SEQ], g[ROW], g[JSON], strict=True):
+        by_key.setdefault(k, []).append(Item(t, s, q, r, json.loads(j)))
+    carried_by: dict[str, dict[str | None, str]] = {}
+    cd = carried.select(CARRIED_SCHEMA.names).to_pydict()
+    for c, k, d in zip(cd["comp"], cd["key"], cd["data"], strict=True):
+        carried_by.setdefault(c, {})[k] = d
+    produced: list[tuple] = []
+    new_carried: list[tuple] = []
+    stats = []
+    pstats: dict[tuple[str, int], list[int]] = {}
+
+    def bump(comp: str, t: int, i: int) -> None:
+        pstats.setdefault((comp, loaded.partition(t)), [0] * len(PSTATS))[i] += 1
+
+    for c in loaded.specs:
+        mine = carried_by.get(c.name, {})
+        st = dict.fromkeys(STAT_NAMES, 0)
+        pending: int | None = None
+        for k in sorted(set(by_key) | set(mine), key=_key_order):
+            before = KeyState.from_json(mine.get(k))
+            st["buffered_before"] += len(before.buffer)
+            res = run_key(comps[c.name], c.name, c.outputs, k, before, by_key.get(k, []), w_prev, w_new)
+            st["delivered"] += res.delivered
+            st["late"] += res.late
+            st["fired"] += res.fired
+            st["errors"] += len(res.failures)
+            st["produced"] += len(res.produced)
+            st["buffered"] += len(res.carried.buffer)
+            for t in res.delivered_at:
+                bump(c.name, t, 0)
+            for t in res.fired_at:
+                bump(c.name, t, 1)
+            for f in res.failures:
+                bump(c.name, f.item.t if f.item is not None else f.timer.time if f.timer is not None else 0, 2)
+            for p in res.produced:
+                bump(c.name, p.time, 3)
+                produced.append((p.output, p.key, p.time, p.time + 1, p.id, json.dumps(p.record, sort_keys=True)))
+            for f in res.failures:
+                if f.item is not None:
+                    i = f.item
+                    dead_rows.append(
+                        {
+                            "reason": f.reason,
+                            "window": c.name,
+                            "event": json.dumps(i.record, sort_keys=True),
+                            "event_time": i.t,
+                            "segment": i.seg,
+                            "chunk": i.seq,
+                            "row": i.row,
+                        }
+                    )
+                elif f.timer is not None:
+                    body = {"key": k, "timer": f.timer.tag, "time": f.timer.time}
+                    dead_rows.append(
+                        {
+                            "reason": f.reason,
+                            "window": c.name,
+                            "event": json.dumps(body, sort_keys=True),
+                            "event_time": f.timer.time,
+                            "segment": f"timer:{f.timer.tag}",
+                            "chunk": None,
+                            "row": None,
+                        }
+                    )
+            if not res.carried.empty:
+                new_carried.append((c.name, k, res.carried.to_json()))
+                st["state_keys"] += 1
+            if res.pending_timer is not None:
+                pending = res.pending_timer if pending is None else min(pending, res.pending_timer)
+        stats.append({"comp": c.name, **st, "pending_timer": pending})
+    out: dict[tuple[str, str], pa.Table] = {
+        ("produced", ""): pa.Table.from_pylist(
+            [dict(zip(PRODUCED_SCHEMA.names, p, strict=True)) for p in produced], PRODUCED_SCHEMA
+        ),
+        ("carried", ""): pa.Table.from_pylist(
+            [dict(zip(CARRIED_SCHEMA.names, x, strict=True)) for x in new_carried], CARRIED_SCHEMA
+        ),
+        ("dead", ""): pa.Table.from_pylist(dead_rows, DEAD_SCHEMA),
+        ("stats", ""): pa.Table.from_pylist(stats, STATS_SCHEMA),
+        ("pstats", ""): pa.Table.from_pylist(
+            [{"comp": c, "partition": p, **dict(zip(PSTATS, v, strict=True))} for (c, p), v in sorted(pstats.items())],
+            PSTATS_SCHEMA,
+        ),
+        ("n", ""): pa.table(
+            {
+                "events_in": pa.array([events.num_rows], pa.int64()),
+                "malformed": pa.array([len(bad)], pa.int64()),
+                "filtered": pa.array([n_filtered], pa.int64()),
+            }
+        ),
+    }
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Spark
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What the executors need to read an epoch's chunks and the carried state."""
+
+    fs_options: dict
+    bucket: str
+    spec: Pipeline
+
+    def chunk_keys(self, chunks: list[ChunkMeta]) -> list[tuple[str, str, int, int, int]]:
+        return [(c.data_key, c.segment, c.seq, c.ingest_ms, c.format) for c in chunks if c.data_key]
+
+    def read(self, fs, keys: list[tuple[str, str, int, int, int]]) -> pa.Table:
+        parts = [read_records(self.spec, fs, self.bucket, *k) for k in keys]
+        return pa.concat_tables(parts) if parts else RECORD_SCHEMA.empty_table()
+
+    def carried(self, fs, key: str | None) -> pa.Table:
+        from .kernel import _read_key
+
+        if key is None:
+            return CARRIED_SCHEMA.empty_table()
+        return _read_key(fs, self.bucket, key, None, []).select(CARRIED_SCHEMA.names).cast(CARRIED_SCHEMA)
+
+
+@dataclass
+class EpochOut:
+    produced: pa.Table
+    carried: pa.Table
+    dead: pa.Table
+    stats: pa.Table
+    n: dict[str, int]
+    pstats: pa.Table  # PSTATS_SCHEMA: the epoch's counters per computation and partition
+
+
+def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
+    def cat(kind: str, schema: pa.Schema) -> pa.Table:
+        ts = [t.select(schema.names).cast(schema) for t in tables.get((kind, ""), [])]
+        return pa.concat_tables(ts) if ts else schema.empty_table()
+
+    stats = cat("stats", STATS_SCHEMA)
+    if stats.num_rows:  # one row per bucket and computation: summed per computation
+        rows: dict[str, dict] = {}
+        for r in stats.to_pylist():
+            cur = rows.setdefault(r["comp"], {"comp": r["comp"], **dict.fromkeys(STAT_NAMES, 0), "pending_timer": None})
+            for k in STAT_NAMES:
+                cur[k] += r[k]
+            if r["pending_timer"] is not None:
+                cur["pending_timer"] = min(x for x in (cur["pending_timer"], r["pending_timer"]) if x is not None)
+        stats = pa.Table.from_pylist([rows[k] for k in sorted(rows)], STATS_SCHEMA)
+    n = cat("n", N_SCHEMA)
+    totals = {c: sum(n[c].to_pylist()) for c in N_SCHEMA.names}
+    carried = cat("carried", CARRIED_SCHEMA)
+    if carried.num_rows > 1:
+        carried = carried.sort_by([("comp", "ascending"), ("key", "ascending")])
+    dead = cat("dead", DEAD_SCHEMA)
+    if dead.num_rows > 1:
+        order = ["segment", "chunk", "row", "window", "reason", "event_time", "event"]
+        dead = dead.sort_by([(c, "ascending") for c in order])
+    return EpochOut(cat("produced", PRODUCED_SCHEMA), carried, dead, stats, totals, cat("pstats", PSTATS_SCHEMA))
+
+
+def compute(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark,
+    loaded: Loaded,
+    carried_key: str | None,
+    carried_rows: int,
+    epochs: list[tuple[list[ChunkMeta], int, int]],
+    single_task: bool | None = None,
+) -> list[EpochOut]:
+    """One Spark job: every epoch of `epochs` (chunks, W before, W after) in one task, carrying
+    the state in memory, when they fit one worker; else the one epoch by key bucket."""
+    from .bucketkernel import PACKED_DDL, pack, unpack
+
+    src = _Source(store.fs_options(), store.bucket, spec)
+    keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs]
+    if single_task is None:
+        single_task = len(epochs) > 1 or reclock.one_task(epochs[0][0], carried_rows)
+    pause("before-spark")
+    if single_task:
+        windows = [(w_prev, w_new) for _, w_prev, w_new in epochs]
+
+        def task(batches):
+            from .kernel import _fs
+
+            for _ in batches:  # the one driving row
+                pass
+            fs = _fs(src.fs_options)
+            comps = loaded.instances()
+            carried = src.carried(fs, carried_key)
+            for i, (w_prev, w_new) in enumerate(windows):
+                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new)
+                carried = out[("carried", "")]
+                yield from pack(out, epoch=i).to_batches()
+
+        packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
+        return [_gather(t) for t in unpack(packed, len(epochs))]
+    assert len(epochs) == 1, "a job of several epochs runs as one task"
+    (_, w_prev, w_new) = epochs[0]
+    packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new).toArrow()
+    return [_gather(unpack(packed)[0])]
+
+
+def _bucketed(spark, src: _Source, loaded: Loaded, keys: list, carried_key: str | None, w_prev: int, w_new: int):
+    """Spark reads the chunks and the carried state on the executors, brings each key bucket's
+    rows together (cogroup) and one Python worker runs `run_bucket` over them."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from .bucketkernel import PACKED_DDL, pack
+    from .kernel import _keys_frame, _read_key, read_parquet_keys
+
+    def read(batches):
+        from .kernel import _fs
+
+        fs = _fs(src.fs_options)
+        for b in batches:
+            for r in b.to_pylist():
+                t = read_records(src.spec, fs, src.bucket, r["k"], r["seg"], r["seq"], r["ingest"], r["fmt"])
+                yield from t.to_batches(max_chunksize=65536)
+
+    cols = [("k", pa.string()), ("seg", pa.string()), ("seq", pa.int64()), ("ingest", pa.int64()), ("fmt", pa.int64())]
+    events = _keys_frame(spark, keys, cols).mapInArrow(read, from_arrow_schema(RECORD_SCHEMA))
+    if carried_key is not None:
+        carried = read_parquet_keys(spark, src.fs_options, src.bucket, [(carried_key,)], CARRIED_SCHEMA, [])
+    else:
+        carried = spark.createDataFrame([], from_arrow_schema(CARRIED_SCHEMA))
+    del _read_key
+    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+
+    def one_bucket(ev: pa.Table, ca: pa.Table) -> pa.Table:
+        comps = loaded.instances()
+        ev = ev.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
+        ca = ca.select(CARRIED_SCHEMA.names).cast(CARRIED_SCHEMA)
+        return pack(run_bucket(loaded, comps, ev, ca, w_prev, w_new))
+
+    def bucket(col: str):
+        return F.pmod(F.xxhash64(F.col(col)), F.lit(buckets))
+
+    return (
+        events.withColumn("_b", bucket(KEY))
+        .groupBy("_b")
+        .cogroup(carried.withColumn("_b", bucket("key")).groupBy("_b"))
+        .applyInArrow(one_bucket, PACKED_DDL)
+    )
+
+
+# ---------------------------------------------------------------------------
+# Epochs: plan, compute, stage, prepare, commit
+
+
+def process(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark=None,
+    *,
+    max_epochs: int = 1,
+    run_id: str | None = None,
+    now: int | None = None,
+    keep_epochs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    single_task: bool | None = None,
+) -> Outcome:
+    """`engine.process` for a pipeline of computations: commit up to `max_epochs` epochs, each
+    planned from the stream as the window engine plans it, computed on Spark, committed through
+    the two-phase protocol; restart-safe (it starts from the last committed epoch)."""
+    from .sparksession import started_session
+
+    keep_epochs = settings.keep_epochs(spec, keep_epochs)
+    loaded = load(spec)  # before anything else: a class that cannot be imported is one line
+    check_stream(store, spec)
+    cp = Checkpoints(store, spec.name)
+    prev = cp.latest()
+    out = Outcome(manifest=prev)
+    if prev is not None:
+        out.repaired = cp.publish(prev)
+    changed: dict[str, set[int]] = {}
+    while len(out.committed) < max_epochs:
+        ref = prev.state.get(STATE) if prev else None
+        rows = ref.rows if ref else 0
+        batch = reclock.plan_job(
+            store, spec, reclock.from_manifest(prev), rows, now, max_epochs - len(out.committed), progress
+        )
+        if not batch:
+            break
+        spark = started_session(spark)
+        carried_key = ref.key if ref is not None and ref.rows else None
+        epochs = [(p.chunks, p.w_prev, p.clock.watermark) for p in batch]
+        try:
+            results = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task)
+        except WireError:
+            raise
+        except Exception:  # Spark wraps executor I/O errors in its own exceptions
+            down = _store_down(store, batch[0].epoch)
+            if down is not None:
+                raise down from None
+            raise
+        for plan, res in zip(batch, results, strict=True):
+            m = _commit(store, cp, spec, prev, run_id or new_run_id(), plan, res)
+            run_id = None
+            out.committed.append(m.epoch)
+            out.manifest = prev = m
+            for w, ps in m.changed.items():
+                changed.setdefault(w, set()).update(ps)
+    if out.committed and prev is not None:
+        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
+        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+    offsets = prev.remap if prev else {}
+    out.pending = sum(len(v.chunks) for v in read_inputs(store, spec, offsets).values())
+    return out
+
+
+def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
+    """After a Spark failure: the typed error if the object store is what failed (engine.py's)."""
+    try:
+        store.ping()
+    except ObjectStoreError as down:
+        return ObjectStoreError(
+            f"epoch {epoch}: Spark could not read the stream because the object store at "
+            f"{store.cfg.endpoint} is unreachable ({down}); nothing was committed, run again once it is back"
+        )
+    return None
+
+
+def recompute(
+    store: ObjectStore, spec: Pipeline, spark, partitions_: list[int], progress=None
+) -> dict[str, dict[int, pa.Table | None]]:
+    """The content of `partitions_` for every output, rebuilt by replaying the committed timeline
+    (the recorded epochs' chunks and watermarks, backfill.py) through the computations with the
+    current code, from no state: what `backfill.backfill` compares with the committed content.
+    The epochs run in one Spark task, the per-key state carried in its memory from each epoch
+    to the next."""
+    from .sparksession import started_session
+    from .streams import views_from
+
+    loaded = load(spec)
+    contents: dict[str, dict[int, pa.Table | None]] = {w.name: dict.fromkeys(partitions_) for w in spec.windows}
+    cp = Checkpoints(store, spec.name)
+    latest = cp.latest()
+    if latest is None or not partitions_:
+        return contents
+    epochs, offsets, w_prev = [], {}, NEG_INF
+    listed = read_inputs(store, spec, {})
+    try:
+        steps = cp.timeline(latest.epoch)  # as backfill.timeline (not imported: backfill imports this module)
+    except ObjectNotFound as e:
+        raise WireInputError(f"cannot recompute {spec.name}: a manifest of its timeline is gone ({e})") from None
+    for st in steps:
+        views = views_from(listed, offsets)
+        chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
+        epochs.append((chunks, w_prev, st.watermark))
+        offsets, w_prev = st.remap, st.watermark
+    if not epochs:
+        return contents
+    results = compute(store, spec, started_session(spark), loaded, None, 0, epochs, single_task=True)
+    if progress:
+        progress(len(epochs), len(epochs))
+    wanted = set(partitions_)
+    for res in results:
+        prod = res.produced
+        if not prod.num_rows:
+            continue
+        pstart = partitions.starts(spec, prod["window_end"])
+        for w in spec.windows:
+            is_w = pc.equal(prod["output"], w.name)  # pyright: ignore[reportAttributeAccessIssue]
+            for p in sorted(wanted & set(pstart.to_pylist())):
+                rows = prod.filter(pc.and_(is_w, pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
+                if rows.num_rows:
+                    contents[w.name][p] = merge_output(contents[w.name][p], rows)
+    return contents
+
+
+def merge_output(old: pa.Table | None, new: pa.Table) -> pa.Table:
+    """An output partition's content: its committed records plus the epoch's (records are only
+    ever added: a replay starts from the content of the epoch it replays from), sorted."""
+    parts = [t.select(OUTPUT_SCHEMA.names).cast(OUTPUT_SCHEMA) for t in (old, new) if t is not None and t.num_rows]
+    if not parts:
+        return OUTPUT_SCHEMA.empty_table()
+    t = pa.concat_tables(parts)
+    return t.sort_by([("key", "ascending"), ("window_start", "ascending"), ("id", "ascending")])
+
+
+def _commit(
+    store: ObjectStore,
+    cp: Checkpoints,
+    spec: Pipeline,
+    prev: Manifest | None,
+    run_id: str,
+    plan: reclock.Planned,
+    res: EpochOut,
+) -> Manifest:
+    """Stage the epoch's produced records (per output partition), carried state and dead
+    letters, then prepare and commit its manifest."""
+    epoch, clock, w_prev = plan.epoch, plan.clock, plan.w_prev
+    fault("before-staging")
+    outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
+    changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
+    prod = res.produced
+    first = True
+    for w in spec.windows:
+        outputs.setdefault(w.name, {})
+        mine = prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
+        if not mine.num_rows:
+            continue
+        pstart = partitions.starts(spec, mine["window_end"])
+        for p in sorted(pc.unique(pstart).to_pylist()):  # pyright: ignore[reportAttributeAccessIssue]
+            rows = mine.filter(pc.equal(pstart, p))  # pyright: ignore[reportAttributeAccessIssue]
+            prior = outputs[w.name].get(str(p))
+            content = merge_output(read_file(store, prior), rows)
+            ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
+            if first:
+                fault("mid-staging")
+                first = False
+            outputs[w.name][str(p)] = ref
+            changed[w.name].append(p)
+    lo_t = min((c.min_t for c in plan.chunks if c.min_t is not None), default=None)
+    ready = partitions.became_ready(spec, w_prev, clock.watermark, clock.max_t, lo_t)
+    for w in spec.windows:
+        changed[w.name] = sorted(set(changed[w.name]) | set(ready))
+    fault("after-staging")
+    state = {}
+    fault("during-state-snapshot")
+    state[STATE] = cp.stage(
+        run_id, "state/_computations.parquet", parquet_bytes(res.carried), res.carried.num_rows, epoch
+    )
+    ps = add_pstats(read_file(store, prev.state.get(PSTATS_STATE)) if prev else None, res.pstats)
+    state[PSTATS_STATE] = cp.stage(run_id, "state/_computation_stats.parquet", parquet_bytes(ps), ps.num_rows, epoch)
+    dls = list(prev.dead_letters) if prev else []
+    if res.dead.num_rows:
+        fault("during-dead-letters")
+        t = res.dead.append_column("epoch", pa.array([epoch] * res.dead.num_rows, pa.int64()))
+        dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
+    stats = {r["comp"]: r for r in res.stats.to_pylist()}
+    counted = {}
+    for c in spec.computations:
+        s = stats.get(c.name) or dict.fromkeys(STAT_NAMES, 0)
+        counted[c.name] = s["delivered"] + s["buffered"] - s["buffered_before"]
+    counts = Counts(
+        events_in=res.n["events_in"],
+        malformed=res.n["malformed"],
+        filtered=res.n["filtered"],
+        counted=counted,
+        late={c.name: 0 for c in spec.computations},
+    )
+    decisions = dict(clock.decisions)
+    manifest = Manifest(
+        pipeline=spec.name,
+        epoch=epoch,
+        previous=prev.epoch if prev else None,
+        run_id=run_id,
+        kind="process",
+        fingerprint=spec.fingerprint(),
+        config=spec.model_dump(mode="json", exclude={"source"}),
+        remap=clock.remap,
+        segments={s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
+        segment_watermarks=clock.segment_watermarks,
+        decisions=decisions,
+        watermark=clock.watermark,
+        prev_watermark=w_prev,
+        chunks={s: [v[0].seq, v[-1].seq] for s, v in plan.taken.items() if v},
+        outputs=outputs,
+        changed={w: ps for w, ps in changed.items() if ps},
+        state=state,
+        dead_letters=dls,
+        counts=counts,
+        totals=(prev.totals if prev else Counts()).add(counts),
+        replay=list(prev.replay)[1:] if prev else [],
+        computed=_computed(spec, res, clock.watermark),
+        created_ms=now_ms(),
+    )
+    cp.prepare(manifest)
+    fault("after-manifest")
+    try:
+        cp.commit(manifest)
+    except CommitConflict:
+        cp.abort(run_id)
+        raise
+    return manifest
+
+
+def add_pstats(before: pa.Table | None, epoch: pa.Table) -> pa.Table:
+    """The counters per (computation, partition) since the first epoch: `before` plus the epoch's."""
+    rows: dict[tuple[str, int], list[int]] = {}
+    for t in (before, epoch):
+        if t is None:
+            continue
+        for r in t.to_pylist():
+            cur = rows.setdefault((r["comp"], r["partition"]), [0] * len(PSTATS))
+            for i, n in enumerate(PSTATS):
+                cur[i] += r[n]
+    return pa.Table.from_pylist(
+        [{"comp": c, "partition": p, **dict(zip(PSTATS, v, strict=True))} for (c, p), v in sorted(rows.items())],
+        PSTATS_SCHEMA,
+    )
+
+
+def partition_counters(store: ObjectStore, spec: Pipeline, m: Manifest | None) -> dict[tuple[str, int], dict]:
+    """(output, partition) -> the counters of the computation producing that output in that
+    partition since the first epoch (records in, timers fired, errors, produced), and its state
+    keys after epoch `m`: what a Dagster materialization of the output's partition reports."""
+    if m is None:
+        return {}
+    t = read_file(store, m.state.get(PSTATS_STATE))
+    by_comp: dict[str, dict[int, dict]] = {}
+    for r in t.to_pylist() if t is not None else []:
+        by_comp.setdefault(r["comp"], {})[r["partition"]] = {n: r[n] for n in PSTATS}
+    out = {}
+    for c in spec.computations:
+        keys = int(m.computed.get(c.name, {}).get("state_keys", 0))
+        for o in c.outputs:
+            for p, v in by_comp.get(c.name, {}).items():
+                out[(o, p)] = {"computation": c.name, **v, "state_keys": keys}
+    return out
+
+
+def _computed(spec: Pipeline, res: EpochOut, w: int) -> dict[str, dict[str, int]]:
+    """Per computation, the epoch's counters and its output watermark: min(W, oldest pending
+    timer), MillWheel's low watermark (the records waiting for W are all at or after it)."""
+    stats = {r["comp"]: r for r in res.stats.to_pylist()}
+    out = {}
+    for c in spec.computations:
+        s = stats.get(c.name) or {**dict.fromkeys(STAT_NAMES, 0), "pending_timer": None}
+        body = {k: int(s[k]) for k in STAT_NAMES}
+        pend = s["pending_timer"]
+        body["output_watermark"] = w if pend is None else min(w, pend)
+        out[c.name] = body
+    return out
+
+
+def output_watermark(m: Manifest | None) -> int:
+    """The pipeline's output watermark after committed epoch `m`: the least over its computations."""
+    if m is None:
+        return NEG_INF
+    marks = [int(v.get("output_watermark", m.watermark)) for v in m.computed.values()]
+    return min(marks, default=m.watermark)
+
+
+def record_columns(rows: pa.Table) -> pa.Table:
+    """An output's rows with each record's top-level fields as columns (typed by pyarrow's JSON
+    reader; a field that clashes with a row column is left in `record`): what a derived stream of
+    a computation's output reads, so its windows aggregate the records' fields."""
+    import io
+
+    import pyarrow.json as pj
+
+    if not rows.num_rows:
+        return rows
+    text = "\n".join(rows["record"].to_pylist()).encode()
+    try:
+        fields = pj.read_json(io.BytesIO(text))
+    except pa.ArrowInvalid:  # a field of changing type: the records stay JSON text
+        return rows
+    for name in fields.column_names:
+        if name not in rows.column_names and name != "window_time":
+            rows = rows.append_column(name, fields[name])
+    return rows
+
+
+def read_output(store: ObjectStore, spec: Pipeline, output: str) -> list[dict]:
+    """The committed records of an output, each with its fields parsed (`record`)."""
+    from .results import read_results
+
+    rows = read_results(store, spec, output).to_pylist()
+    for r in rows:
+        r["record"] = json.loads(r["record"])
+    return rows

@@ -619,9 +619,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     out = []
     now = datetime.now(UTC)
     out.append(f"# NEXMark-like comparison: Wire vs Spark Structured Streaming vs DuckDB — {now:%Y-%m-%d %H:%M} UTC\n")
-    command = (
-        " ".join(["benchmarks/compare.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench (benchmarks/compare.py)"
-    )
+    command = " ".join(["benchmarks/compare.py", *sys.argv[1:]])  # `make bench` ran it until 2026-11-26
     out.append(f"- command: `{command}`")
     out.append(
         f"- machine: {machine()}; 1-minute load average during the run: mean {load.mean() or 0:.1f}, max "

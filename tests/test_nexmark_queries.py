@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.nexmark import Config, generate
+from benchmarks.nexmark_sql import Q5, Q7, Q8, Q11  # the reference SQL, shared with the benchmark
 from wire_dagster import engine, results, streams
 from wire_dagster.spec import load_pipeline, stream_spec
 
@@ -27,17 +28,6 @@ NEXMARK = ROOT / "pipelines" / "nexmark"
 # WIRE_NEXMARK_EVENTS: the events of the generator's run (`make test-long`: 200 K)
 CFG = Config(events=int(os.environ.get("WIRE_NEXMARK_EVENTS") or 40_000), keys=300, seed=11, segments=2)
 
-Q11 = """
-    WITH o AS (
-        SELECT bidder, date_time AS t,
-               CASE WHEN date_time - lag(date_time) OVER (PARTITION BY bidder ORDER BY date_time) <= 10000
-                    THEN 0 ELSE 1 END AS brk
-        FROM bids),
-    s AS (SELECT *, sum(brk) OVER (PARTITION BY bidder ORDER BY t ROWS UNBOUNDED PRECEDING) AS sid FROM o)
-    SELECT CAST(bidder AS VARCHAR) AS key, min(t) AS window_start, max(t) + 10000 AS window_end,
-           count(*) AS bid_count
-    FROM s GROUP BY bidder, sid ORDER BY key, window_start
-"""
 BIDS_10S = """
     SELECT CAST(auction AS VARCHAR) AS key, date_time - date_time % 10000 AS window_start,
            date_time - date_time % 10000 + 10000 AS window_end,
@@ -45,29 +35,6 @@ BIDS_10S = """
     FROM bids GROUP BY ALL ORDER BY key, window_start
 """
 
-
-Q5 = """
-    WITH hop AS (
-        SELECT auction, ws AS starttime, ws + 10000 AS endtime, count(*) AS num
-        FROM (SELECT auction, date_time - date_time % 2000 - k * 2000 AS ws FROM bids, range(0, 5) r(k))
-        GROUP BY ALL),
-    maxbids AS (SELECT starttime, endtime, max(num) AS maxn FROM hop GROUP BY ALL)
-    SELECT CAST(h.auction AS VARCHAR) AS auction, h.num, h.starttime, h.endtime
-    FROM hop h JOIN maxbids m ON h.starttime = m.starttime AND h.endtime = m.endtime AND h.num >= m.maxn
-"""
-Q8 = """
-    SELECT CAST(p.id AS VARCHAR) AS id, p.name, p.starttime
-    FROM (SELECT id, name, date_time - date_time % 10000 AS starttime FROM persons GROUP BY ALL) p
-    JOIN (SELECT seller, date_time - date_time % 10000 AS starttime FROM auctions GROUP BY ALL) a
-      ON p.id = a.seller AND p.starttime = a.starttime
-"""
-Q7 = """
-    WITH b AS (SELECT *, date_time - date_time % 10000 AS ws FROM bids),
-    m AS (SELECT ws, max(price) AS maxprice FROM b GROUP BY ws)
-    SELECT CAST(b.auction AS VARCHAR) AS auction, CAST(b.price AS DOUBLE) AS price,
-           CAST(b.bidder AS VARCHAR) AS bidder, CAST(b.date_time AS DOUBLE) AS date_time
-    FROM b JOIN m ON b.ws = m.ws AND b.price = m.maxprice
-"""
 RAW = {"bids": "bid_id", "persons": "id", "auctions": "id"}
 
 

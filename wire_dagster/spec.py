@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -23,7 +23,7 @@ NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 _F = r"([A-Za-z_][A-Za-z0-9_.]*)"
 # The second argument: a field (arg_max's `by`) or a number (approx_quantile's `q`), checked apart.
 AGG_RE = re.compile(rf"^\s*([a-z_]+)\s*(?:\(\s*{_F}\s*(?:,\s*([A-Za-z0-9_.+-]+)\s*)?\))?\s*$")
-AGG_FUNCS = (
+AggFunc = Literal[
     "count",
     "sum",
     "min",
@@ -36,7 +36,8 @@ AGG_FUNCS = (
     "last",
     "approx_count_distinct",
     "approx_quantile",
-)
+]
+AGG_FUNCS: tuple[str, ...] = get_args(AggFunc)
 #: Aggregates kept as a sketch (Apache DataSketches, wire_dagster/sketches.py): HLL, t-digest.
 SKETCH_FUNCS = ("approx_count_distinct", "approx_quantile")
 #: Aggregates whose result is a value of their field, as text (a key is text too): arg_max(f, by),
@@ -60,20 +61,7 @@ class Aggregate(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     name: str
-    func: Literal[
-        "count",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "count_distinct",
-        "arg_max",
-        "arg_min",
-        "first",
-        "last",
-        "approx_count_distinct",
-        "approx_quantile",
-    ]
+    func: AggFunc
     field: str | None = None
     by: str | None = None  # arg_max, arg_min: the number whose extreme picks the event
     q: float | None = None  # approx_quantile: the quantile, in [0, 1]

@@ -55,6 +55,7 @@ from .computation import Computation, Item, KeyState, load_class, run_key
 from .errors import CommitConflict, ObjectNotFound, ObjectStoreError, WireError, WireInputError
 from .events import ERR, FILTERED, ID, KEY, RAW, REC, RECORDS, ROW, SRC, TIME
 from .faults import fault, pause
+from .kernel import DEAD_LETTER  # the dead letters' file, one schema for windows and computations
 from .manifest import Counts, FileRef, Manifest, SegmentRecord
 from .objectstore import ObjectStore
 from .outcome import Outcome
@@ -96,17 +97,6 @@ PRODUCED_SCHEMA = pa.schema(
 )
 #: An output partition's content: the produced rows without their output name.
 OUTPUT_SCHEMA = pa.schema([f for f in PRODUCED_SCHEMA if f.name != "output"])
-DEAD_SCHEMA = pa.schema(
-    [
-        ("reason", pa.string()),
-        ("window", pa.string()),
-        ("event", pa.string()),
-        ("event_time", pa.int64()),
-        ("segment", pa.string()),
-        ("chunk", pa.int64()),
-        ("row", pa.int64()),
-    ]
-)
 STAT_NAMES = ("delivered", "late", "fired", "errors", "produced", "buffered", "buffered_before", "state_keys")
 STATS_SCHEMA = pa.schema(
     [("comp", pa.string())] + [(n, pa.int64()) for n in STAT_NAMES] + [("pending_timer", pa.int64())]
@@ -308,7 +298,7 @@ def run_bucket(
         ("carried", ""): pa.Table.from_pylist(
             [dict(zip(CARRIED_SCHEMA.names, x, strict=True)) for x in new_carried], CARRIED_SCHEMA
         ),
-        ("dead", ""): pa.Table.from_pylist(dead_rows, DEAD_SCHEMA),
+        ("dead", ""): pa.Table.from_pylist(dead_rows, DEAD_LETTER),
         ("stats", ""): pa.Table.from_pylist(stats, STATS_SCHEMA),
         ("pstats", ""): pa.Table.from_pylist(
             [{"comp": c, "partition": p, **dict(zip(PSTATS, v, strict=True))} for (c, p), v in sorted(pstats.items())],
@@ -382,7 +372,7 @@ def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
     carried = cat("carried", CARRIED_SCHEMA)
     if carried.num_rows > 1:
         carried = carried.sort_by([("comp", "ascending"), ("key", "ascending")])
-    dead = cat("dead", DEAD_SCHEMA)
+    dead = cat("dead", DEAD_LETTER)
     if dead.num_rows > 1:
         order = ["segment", "chunk", "row", "window", "reason", "event_time", "event"]
         dead = dead.sort_by([(c, "ascending") for c in order])

@@ -40,8 +40,12 @@ demo: setup
 	$(BIN)/wire demo
 
 # Lint first: a formatting, lint or type error fails `make test` (and CI) in seconds.
+# Two pytest workers (pytest-xdist): modules are units of work, the `dagster dev` stack's tests one
+# unit on one worker (tests/conftest.py); each worker has its own S3 and Spark Connect servers.
+XDIST := -n 2 --dist loadgroup
+
 test: setup chromium postgresql lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(XDIST)
 
 # Format, lint and type-check the whole tree (rules in pyproject.toml).
 lint: setup
@@ -53,7 +57,7 @@ lint: setup
 # test's seeds, fault rates, events per segment and the outage after a lost commit marker's answer).
 test-long: setup chromium postgresql lint
 	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 WIRE_DERIVED_SEEDS=4 WIRE_COMPUTE_SEEDS=10 WIRE_NEXMARK_EVENTS=200000 WIRE_TICK_KILLS=10 WIRE_FAULT_SEEDS=3 WIRE_FAULT_RATES=0.06,0.1 WIRE_FAULT_EVENTS=4000 \
-	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider
+	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)
 
 # The real NEXMark q5, q7, q8, q11 (BENCHMARKS.md); the first-stage comparison is benchmarks/compare.py.
 bench: setup

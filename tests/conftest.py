@@ -106,12 +106,19 @@ def _uses_stack(item) -> bool:
     return item is not None and "dagster_stack" in getattr(item, "fixturenames", ())
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
     users = [i for i in items if _uses_stack(i)]
     if users:
         first = items.index(users[0])
         rest = [i for i in items if not _uses_stack(i)]
         items[:] = rest[:first] + users + rest[first:]
+    # Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): the stack's users are one unit
+    # of work, so one worker starts the stack and stops it after them; every other module is one
+    # unit, so its module-scoped fixtures (a Spark cluster, a server) are set up once. (tryfirst:
+    # before xdist's own hook reads the groups.)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("dagster_stack" if _uses_stack(item) else item.nodeid.split("::")[0]))
 
 
 def pytest_runtest_teardown(item, nextitem) -> None:

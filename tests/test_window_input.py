@@ -185,7 +185,7 @@ def test_a_window_over_derived_inputs_reads_its_input_only():
     assert [(r["window_start"], r["s"]) for r in out[("out", "all")].to_pylist()] == [(0, 14.0)]
 
 
-def test_the_engine_commits_input_windows_equal_to_the_batch_of_their_input(store, spark, tmp_path):
+def test_the_engine_commits_input_windows_equal_to_the_batch_of_their_input(store, spark, tmp_path, cli_env):
     """The real path (S3 chunks of two streams, engine.process): a window with `input: web` equals
     the plain batch of web's events, the union window the batch of both; per window the manifest
     counts the events of its input as counted (the other input's are in no per-window count yet)."""
@@ -235,6 +235,19 @@ def test_the_engine_commits_input_windows_equal_to_the_batch_of_their_input(stor
     assert t.counted == {"web_10s": len(web), "all_10s": len(web) + len(app), "app_s": len(app)}
     # Conservation per window: the events of the input a window does not read are `other`.
     assert t.other == {"web_10s": len(app), "app_s": len(web)} and t.balanced()
+    # ... and `wire status` shows them in a column of their own, and says the sum balances.
+    import yaml
+
+    from conftest import run_wire
+
+    (tmp_path / "two_e2e.yaml").write_text(yaml.safe_dump(raw))
+    st = run_wire(["status", "--pipeline", str(tmp_path / "two_e2e.yaml")], cli_env, check=True).stdout
+    head = next(line for line in st.splitlines() if "counted" in line and "window" in line)
+    assert [c.strip() for c in head.split("┃")[1:6]] == ["window", "type", "counted", "late", "other"], st
+    cells = {r.split("│")[1].strip(): [c.strip() for c in r.split("│")[2:6]] for r in st.splitlines() if "│" in r}
+    assert cells["web_10s"] == ["tumbling", str(len(web)), "0", str(len(app))], st
+    assert cells["all_10s"] == ["tumbling", str(len(web) + len(app)), "0", "0"], st
+    assert "= counted + late + other (per window)" in st and "(balanced)" in st, st
 
 
 def test_a_derived_stage_with_input_windows_and_sketches_equals_the_composition(store, spark, tmp_path):

@@ -562,32 +562,35 @@ def status(
     )
     out.print(f"partitions ready: {len(st['partitions']['ready'])}   final: {len(st['partitions']['final'])}")
     tot = st["totals"] or {}
-    counted, late = tot.get("counted", {}), tot.get("late", {})
+    counted, late, other = tot.get("counted", {}), tot.get("late", {}), tot.get("other", {})
     windows = [
         {
             "window": w.name,
             "type": w.type,
             "counted": counted.get(w.name, 0),
             "late": late.get(w.name, 0),
+            "other": other.get(w.name, 0),
             "state rows": st["state"].get(w.name, {}).get("rows", 0),
             "state size": size_text(st["state"].get(w.name, {}).get("bytes", 0)),
         }
         for w in spec.windows
     ]
-    cols = ["window", "type", "counted", "late", "state rows", "state size"]
+    # `other`: the events of the inputs a window with `input:` does not read (shown when one does).
+    cols = ["window", "type", "counted", "late", *(["other"] if other else []), "state rows", "state size"]
     ids = st["ids"]
     out.print(
         fit_table(
             "windows (state: what the last epoch carries forward)",
             cols,
             windows,
-            no_wrap=("counted", "late", "state rows", "state size"),
+            no_wrap=("counted", "late", "other", "state rows", "state size"),
             caption=f"state {st['state_rows']} rows, {size_text(st['state_bytes'])}; "
             f"id memory {ids['rows']} ids, {size_text(ids['bytes'])}",
         )
     )
     out.print(
-        f"events in: {tot.get('events_in', 0)} = counted + late (per window) + {tot.get('duplicate', 0)} duplicate "
+        f"events in: {tot.get('events_in', 0)} = counted + late{' + other' if other else ''} (per window) "
+        f"+ {tot.get('duplicate', 0)} duplicate "
         f"+ {tot.get('malformed', 0)} malformed + {tot.get('filtered', 0)} filtered "
         f"({'balanced' if st['balanced'] else 'NOT balanced'})",
         markup=False,

@@ -119,32 +119,6 @@ def is_final(rel: str) -> bool:
 # Listing
 
 
-def _list(store: ObjectStore, prefix: str, start_after: str | None = None, limit: int | None = None):
-    """Objects under `prefix` after `start_after` in byte order (ObjInfo), StartAfter applied by the
-    server and again here, sorted here (DESIGN §3: never rely on the server's order). With
-    `limit`, stops after the page that holds `limit` objects (one request when few landed)."""
-    from .objectstore import ObjInfo, _etag, _ms
-
-    client = store._client  # the store's boto3 client, for StartAfter (ObjectStore.list lists whole)
-    out: list[ObjInfo] = []
-    token: str | None = None
-    while True:
-        kw: dict = {"Bucket": store.bucket, "Prefix": prefix, "MaxKeys": 1000}
-        if token:
-            kw["ContinuationToken"] = token
-        elif start_after:
-            kw["StartAfter"] = start_after
-        page = store._run("list", prefix, lambda kw=kw: client.list_objects_v2(**kw))
-        for o in page.get("Contents", ()):
-            if start_after is None or o["Key"] > start_after:
-                out.append(ObjInfo(o["Key"], int(o.get("Size", 0)), _etag(o.get("ETag")), _ms(o.get("LastModified"))))
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token or (limit is not None and len(out) >= limit):
-            break
-    out.sort(key=lambda i: i.key)
-    return out
-
-
 def discover(store: ObjectStore, reader: Pipeline) -> tuple[dict[str, str], list[str]]:
     """The segments of a landing prefix, {segment: listing prefix}, and the keys or directories
     that name none (directly under the prefix with segment_by set, a name the regex does not
@@ -156,16 +130,16 @@ def discover(store: ObjectStore, reader: Pipeline) -> tuple[dict[str, str], list
     rx = re.compile(reader.segment_by)
     segs: dict[str, str] = {}
     other: list[str] = []
-    for page in store._pages("list prefixes", landing, 1000, "/"):
-        other += [o["Key"] for o in page.get("Contents", ())]
-        for p in page.get("CommonPrefixes", ()):
-            name = p["Prefix"][len(landing) :].rstrip("/")
-            m = rx.search(name) if is_final(name) else None
-            seg = (m.group(1) if rx.groups else m.group(0)) if m else None
-            if seg is None or not NAME_RE.match(seg) or seg in segs:
-                other.append(p["Prefix"])
-            else:
-                segs[seg] = p["Prefix"]
+    keys, prefixes = store.list_level(landing)
+    other += keys
+    for prefix in prefixes:
+        name = prefix[len(landing) :].rstrip("/")
+        m = rx.search(name) if is_final(name) else None
+        seg = (m.group(1) if rx.groups else m.group(0)) if m else None
+        if seg is None or not NAME_RE.match(seg) or seg in segs:
+            other.append(prefix)
+        else:
+            segs[seg] = prefix
     return dict(sorted(segs.items())), sorted(other)
 
 
@@ -197,22 +171,6 @@ def object_input(data: bytes, key: str) -> tuple[InputFile | None, str | None]:
         return None, None
     lines = _split_lines(data)
     return InputFile(len(lines), lambda lo, hi: lines.slice(lo, hi - lo)), None
-
-
-def _get(store: ObjectStore, key: str) -> tuple[bytes, str, int] | None:
-    """The object's bytes, ETag and write time (ms), read together; None if it is gone."""
-    from .objectstore import _etag, _ms
-
-    client = store._client  # one GET for the bytes and the ETag they have
-
-    def go():
-        r = client.get_object(Bucket=store.bucket, Key=key)
-        return r["Body"].read(), _etag(r.get("ETag")), _ms(r.get("LastModified"))
-
-    try:
-        return store._read("get", key, go, missing=key)
-    except ObjectNotFound:
-        return None
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +254,9 @@ def _state(store: ObjectStore, stream: str, segment: str) -> _Seg:
     where = (store.cfg.endpoint, store.bucket, stream, segment)
     known = _KNOWN.get(where)
     if known is not None and known.next_seq > 0:
-        infos = _list(store, segment_prefix(stream, segment) + "index/", index_key(stream, segment, known.next_seq - 1))
+        infos = store.list_from(
+            segment_prefix(stream, segment) + "index/", index_key(stream, segment, known.next_seq - 1)
+        )
         if not infos:
             return known
     else:
@@ -327,7 +287,7 @@ def _claim(store: ObjectStore, reader: Pipeline, segment: str, info, st: _Seg) -
     """Adopt object `info` as chunk `st.next_seq`: ("won", meta), ("same", None) if a rival adopted
     this object there, ("other", None) if the sequence holds another object, ("gone", None) if the
     object disappeared or is empty."""
-    got = _get(store, info.key)
+    got = store.get_with_info(info.key)
     if got is None or not got[0]:
         return "gone", None
     data, etag, written = got
@@ -492,7 +452,7 @@ def _adopt_new(
     """The incremental pass: the final objects after the segment's hw, in key order."""
     stream = reader.stream
     st = _state(store, stream, seg)
-    todo = _list(store, listing, st.hw, limit=MAX_OBJECTS_PER_SEGMENT)
+    todo = store.list_from(listing, st.hw, limit=MAX_OBJECTS_PER_SEGMENT)
     budget = MAX_OBJECTS_PER_SEGMENT
     while todo and budget > 0 and time.monotonic() < deadline:
         info = todo.pop(0)
@@ -523,7 +483,7 @@ def _rescan(
     rep.rescanned = True
     adopted, st = _adopted(store, stream, seg)
     budget = MAX_OBJECTS_PER_SEGMENT
-    for info in _list(store, listing):
+    for info in store.list_from(listing):
         rel = info.key[len(listing) :]
         if not is_final(rel) or info.size == 0:
             continue

@@ -353,6 +353,19 @@ class ObjectStore:
 
         return self._read("get", key, go)
 
+    def get_with_info(self, key: str) -> tuple[bytes, str, int] | None:
+        """The object's bytes, ETag and write time (epoch ms) from one GET, so the three belong
+        together (a HEAD then a GET could see two versions); None if there is no such object."""
+
+        def go() -> tuple[bytes, str, int]:
+            r = self._client.get_object(Bucket=self.bucket, Key=key)
+            return r["Body"].read(), _etag(r.get("ETag")), _ms(r.get("LastModified"))
+
+        try:
+            return self._read("get", key, go, missing=key)
+        except ObjectNotFound:
+            return None
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Up to `length` bytes from offset `start` (fewer at the end, b"" past it); ObjectNotFound if missing."""
         if start < 0 or length < 0:
@@ -439,6 +452,42 @@ class ObjectStore:
                 items.append(ObjInfo(key, int(o.get("Size", 0)), _etag(o.get("ETag")), _ms(o.get("LastModified"))))
         items.sort(key=lambda i: i.key)  # code-point order == UTF-8 byte order
         yield from items
+
+    def list_from(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjInfo]:
+        """The objects under `prefix` after `start_after` in byte order, StartAfter applied by the
+        server (so a long listing is not re-read from its start) and again here, sorted here
+        (DESIGN §3: never rely on the server's order). With `limit`, stops after the page that
+        holds `limit` objects (one request when few are there). For keys that are files: a
+        SeaweedFS StartAfter naming a "directory" skips all of it (`list` reads whole instead)."""
+        out: list[ObjInfo] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": 1000}
+            if token:
+                kw["ContinuationToken"] = token
+            elif start_after:
+                kw["StartAfter"] = start_after
+            page = self._run("list", prefix, lambda kw=kw: self._client.list_objects_v2(**kw))
+            for o in page.get("Contents", ()):
+                if start_after is None or o["Key"] > start_after:
+                    out.append(
+                        ObjInfo(o["Key"], int(o.get("Size", 0)), _etag(o.get("ETag")), _ms(o.get("LastModified")))
+                    )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token or (limit is not None and len(out) >= limit):
+                break
+        out.sort(key=lambda i: i.key)
+        return out
+
+    def list_level(self, prefix: str) -> tuple[list[str], list[str]]:
+        """One level below `prefix` (Delimiter "/"): the keys of the objects directly in it and the
+        common prefixes (each ending in "/"), both sorted."""
+        keys: set[str] = set()
+        found: set[str] = set()
+        for page in self._pages("list prefixes", prefix, 1000, "/"):
+            keys.update(o["Key"] for o in page.get("Contents", ()))
+            found.update(p["Prefix"] for p in page.get("CommonPrefixes", ()))
+        return sorted(keys), sorted(found)
 
     def list_prefixes(self, prefix: str, *, page_size: int = 1000) -> list[str]:
         """The distinct common prefixes one level below `prefix` (Delimiter "/"), sorted, each ending in "/"."""

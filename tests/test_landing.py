@@ -476,3 +476,40 @@ def test_objects_adopted_as_the_stream_closes_are_reported(store: ObjectStore, m
     (st,) = landing.landing_status(store, spec)
     assert st["segments"][0]["after_close"] == [kc_key(0, 2), kc_key(0, 3)]
     assert landing.observation(spec, rep)["adopted_after_close"] == 2
+
+
+def test_dead_letters_name_the_landed_object(store: ObjectStore, spark) -> None:
+    """A dead letter of a record adopted from a landing prefix names the object it came from
+    (`object`), whether the stream refused it at adoption (no time) or the pipeline's epoch did
+    (no key, a duplicate id, too late); `wire dlq`'s table shows the column."""
+    from rich.console import Console
+
+    from wire_dagster.status import dead_letter_table
+
+    raw = pipeline()
+    raw["lateness"] = {"allowed": "0s"}
+    spec = pipeline_from_dict(raw)
+    first, second = kc_key(0, 0), kc_key(0, 10)
+    put(store, first, jsonl([{"ts": T0 + 10_000, "eid": "e1", "user": "u", "amount": 1}]))
+    put(store, kc_key(1, 0), jsonl([{"ts": T0 + 60_000, "eid": "e2", "user": "u", "amount": 1}]))
+    landing.adopt(store, spec)
+    engine.process(store, spec, spark, max_epochs=5)
+    bad = [
+        {"eid": "e3", "user": "u", "amount": 1},  # no time: the stream's dead letter
+        {"ts": T0 + 20_000, "eid": "e4", "amount": 1},  # no key: the pipeline's
+        {"ts": T0 + 30_000, "eid": "e1", "user": "u", "amount": 1},  # e1 again
+        {"ts": T0 + 1_000, "eid": "e5", "user": "u", "amount": 1},  # behind W (58 s) by more than 0 s
+        {"ts": T0 + 59_000, "eid": "e6", "user": "u", "amount": 1},  # fine
+    ]
+    put(store, second, jsonl(bad))
+    put(store, kc_key(1, 10), jsonl([{"ts": T0 + 120_000, "eid": "e7", "user": "u", "amount": 1}]))
+    landing.adopt(store, spec)
+    engine.process(store, spec, spark, max_epochs=5)
+    dl = results.read_dead_letters(store, spec)
+    reasons = sorted({(d["row"], d["reason"].split(":")[0]) for d in dl})
+    assert reasons == [(0, "malformed"), (1, "malformed"), (2, "duplicate"), (3, "late")], dl
+    assert {d["object"] for d in dl} == {second}, dl
+    text = Console(width=160, record=True, file=io.StringIO())
+    text.print(dead_letter_table("landed", dl))
+    shown = text.export_text()
+    assert "object" in shown and second[-20:] in shown, shown

@@ -501,7 +501,8 @@ def dlq(pipeline: str = PIPELINE, format: PrintFmt = typer.Option(PrintFmt.table
     with _reading_store() as store:
         rows = read_dead_letters(store, spec)
     if format == PrintFmt.jsonl:
-        _write_jsonl(rows, ["reason", "window", "stream", "segment", "chunk", "row", "epoch", "record"])
+        landed = ["object"] if any(r.get("object") for r in rows) else []  # the landed object's key
+        _write_jsonl(rows, ["reason", "window", "stream", "segment", "chunk", "row", *landed, "epoch", "record"])
         return
     out.print(dead_letter_table(f"{spec.name}: dead letters of stream {spec.stream} ({len(rows)})", rows))
 

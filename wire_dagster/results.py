@@ -16,7 +16,7 @@ from .checkpoint import Checkpoints
 from .manifest import FileRef
 from .objectstore import ObjectStore
 from .spec import Pipeline
-from .streams import iter_dead_letters
+from .streams import iter_dead_letters, landed_key, read_stream
 
 
 def read_file(store: ObjectStore, ref: FileRef | None) -> pa.Table | None:
@@ -65,11 +65,20 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
 
 def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
     """Every dead letter: malformed records of the stream, late and duplicate events of committed epochs."""
+    views = {prefix: read_stream(store, reader.stream, {}) for prefix, reader in spec.readers.items()}
     out: list[dict] = [
         dict(d, segment=prefix + d["segment"], window=None, epoch=None)
         for prefix, reader in spec.readers.items()
-        for d in iter_dead_letters(store, reader.stream)
+        for d in iter_dead_letters(store, reader.stream, views[prefix])
     ]
+    # an adopted chunk's landed object, by the (remap) segment and chunk a dead letter names
+    landed = {
+        (prefix + seg, c.seq): landed_key(c)
+        for prefix, vs in views.items()
+        for seg, view in vs.items()
+        for c in view.chunks
+        if c.source
+    }
     m = Checkpoints(store, spec.name).latest()
     for ref in m.dead_letters if m else []:
         for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():
@@ -83,6 +92,7 @@ def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
                     "row": r["row"],
                     "window": r["window"],
                     "epoch": r["epoch"],
+                    "object": landed.get((r["segment"], r["chunk"])),
                 }
             )
     return out

@@ -228,18 +228,22 @@ def dead_letter_table(title: str, letters: Sequence[Mapping[str, Any]]):
         {
             "reason": f"{d.get('reason')} ({d['window']})" if d.get("window") else d.get("reason"),
             "source": f"{d.get('segment')}/{d.get('chunk')}/{d.get('row')}",
+            "object": d.get("object") or "-",
             "epoch": d.get("epoch"),
             "record": d.get("record"),
         }
         for d in letters
     ]
+    landed = any(d.get("object") for d in letters)  # chunks adopted from a landing prefix
     return fit_table(
         title,
-        ["reason", "source", "epoch", "record"],
+        ["reason", "source", *(["object"] if landed else []), "epoch", "record"],
         rows,
         no_wrap=("source", "epoch"),
-        max_widths={"reason": 26},
-        caption="source: segment/chunk/row; epoch: the epoch that found it (- at produce)",
+        max_widths={"reason": 26, "object": 30},
+        caption="source: segment/chunk/row"
+        + ("; object: the landed object it came from" if landed else "")
+        + "; epoch: the epoch that found it (- at produce)",
     )
 
 

@@ -539,9 +539,11 @@ def read_inputs(store: ObjectStore, spec: Pipeline, offsets: dict[str, int]) -> 
     return out
 
 
-def iter_dead_letters(store: ObjectStore, stream: str) -> Iterator[dict]:
-    """Malformed records of every chunk, with their source position."""
-    for seg, view in read_stream(store, stream, {}).items():
+def iter_dead_letters(store: ObjectStore, stream: str, views: dict[str, SegmentView] | None = None) -> Iterator[dict]:
+    """Malformed records of every chunk, with their source position (and, for a chunk adopted
+    from a landing prefix, the landed object's key: `object`). `views`: the stream as
+    `read_stream(store, stream, {})` gives it, if the caller has it."""
+    for seg, view in (views if views is not None else read_stream(store, stream, {})).items():
         for c in view.chunks:
             if not c.dlq_key:
                 continue
@@ -554,4 +556,10 @@ def iter_dead_letters(store: ObjectStore, stream: str) -> Iterator[dict]:
                     "segment": seg,
                     "chunk": c.seq,
                     "row": r["row"],
+                    "object": landed_key(c),
                 }
+
+
+def landed_key(chunk: ChunkMeta) -> str | None:
+    """The key of the landed object a chunk was adopted from (landing.py); None for a produced one."""
+    return (chunk.source or {}).get("key")

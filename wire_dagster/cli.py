@@ -689,15 +689,21 @@ def gc(
     ),
     grace: float = typer.Option(600, help="Seconds before uncommitted staging is collected."),
 ):
-    """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names)."""
+    """Garbage-collect old epochs and abandoned staging (never a file a kept manifest names), and
+    the chunk files of the pipeline's streams that a killed produce or adoption left unclaimed."""
     from .checkpoint import Checkpoints
     from .settings import keep_epochs
+    from .streams import collect_orphans
 
     spec = _spec(pipeline)
     if keep is not None and keep < 1:
         raise WireInputError("--keep: must be >= 1")
-    res = Checkpoints(_store(), spec.name).gc(keep=keep_epochs(spec, keep), grace_s=grace)
+    store = _store()
+    res = Checkpoints(store, spec.name).gc(keep=keep_epochs(spec, keep), grace_s=grace)
     out.print(f"deleted {res['epochs']} epochs and {res['files']} files")
+    for stream in sorted({r.stream for r in spec.readers.values() if r.stream}):
+        n = collect_orphans(store, stream, grace_s=grace)
+        out.print(f"stream {stream}: deleted {n} unclaimed chunk files")
 
 
 @app.command(cls=_Command)

@@ -12,7 +12,8 @@ Layout under the bucket::
 A chunk exists once its index object exists: data and dead letters are written
 first under unique keys, then the index is created with create-if-absent, so two
 producers never overwrite each other (the loser retries on the next sequence)
-and a crash leaves at most an unreferenced data file, never a half-chunk.
+and a crash leaves at most an unreferenced data file, never a half-chunk (`wire gc` collects
+those: `collect_orphans`).
 
 A stream is shared (DESIGN §6): its chunks hold each record once, whole (events.RECORDS), with
 the event time and id the stream declares once (`declare_stream`); every pipeline that reads it
@@ -537,6 +538,21 @@ def read_inputs(store: ObjectStore, spec: Pipeline, offsets: dict[str, int]) -> 
             q = prefix + seg
             out[q] = SegmentView(q, [replace(c, segment=q) for c in v.chunks], v.sealed_at)
     return out
+
+
+def collect_orphans(store: ObjectStore, stream: str, grace_s: float = 600.0) -> int:
+    """Delete the chunk files no chunk's index names, as a `wire produce` or an adoption killed
+    between writing a chunk's files and claiming its index leaves them (the claim is the commit);
+    only files older than `grace_s`, since a running producer claims its files seconds after
+    writing them. Returns how many went."""
+    named = {k for v in read_stream(store, stream, {}).values() for c in v.chunks for k in (c.data_key, c.dlq_key) if k}
+    cutoff = now_ms() - int(grace_s * 1000)
+    doomed = [
+        i.key
+        for i in store.list(stream_prefix(stream) + "segments/")
+        if "/data/" in i.key and i.key not in named and i.last_modified_ms < cutoff
+    ]
+    return store.delete_many(doomed)
 
 
 def iter_dead_letters(store: ObjectStore, stream: str, views: dict[str, SegmentView] | None = None) -> Iterator[dict]:

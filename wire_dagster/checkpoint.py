@@ -171,6 +171,31 @@ class Checkpoints:
             key=key, sha256=sha256(data), rows=rows, bytes=len(data), epoch=epoch, md5=hashlib.md5(data).hexdigest()
         )
 
+    def stage_dead_letters(self, run_id: str, epoch: int, letters, before: list[FileRef]) -> list[FileRef]:
+        """The dead-letter files an epoch's manifest names: the previous epoch's (`before`), plus
+        this epoch's `letters` (a pyarrow Table, stamped with the epoch) staged as one file."""
+        if not letters.num_rows:
+            return list(before)
+        import pyarrow as pa
+
+        from .parquetio import parquet_bytes
+
+        fault("during-dead-letters")
+        t = letters.append_column("epoch", pa.array([epoch] * letters.num_rows, pa.int64()))
+        return [*before, self.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch)]
+
+    def prepare_and_commit(self, manifest: Manifest) -> Manifest:
+        """Both phases of an epoch's commit, as every engine commits: the manifest, then its marker.
+        A run that lost the race collects its own staging and raises CommitConflict."""
+        self.prepare(manifest)
+        fault("after-manifest")
+        try:
+            self.commit(manifest)
+        except CommitConflict:
+            self.abort(manifest.run_id)
+            raise
+        return manifest
+
     def prepare(self, manifest: Manifest) -> str:
         key = self.manifest_key(manifest.epoch, manifest.run_id)
         self.store.put(key, manifest.to_bytes())

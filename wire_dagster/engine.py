@@ -27,10 +27,10 @@ import pyarrow.parquet as pq
 from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, new_run_id
 from .content import apply_changes
-from .errors import CommitConflict, ObjectStoreError, WireError
+from .errors import ObjectStoreError, WireError
 from .faults import fault, pause
 from .kernel import EpochResult, Stored, epoch_chunks, run_epoch, run_epochs
-from .manifest import Counts, FileRef, Manifest, SegmentRecord
+from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
@@ -278,7 +278,7 @@ def _commit_epoch(
 ) -> Manifest:
     """Stage a computed epoch's outputs, state and dead letters (state and id memory unless
     `carry` staged them already, under `run_id`), then prepare and commit its manifest."""
-    epoch, taken, chunks, clock, w_prev = plan.epoch, plan.taken, plan.chunks, plan.clock, plan.w_prev
+    epoch, chunks, clock, w_prev = plan.epoch, plan.chunks, plan.clock, plan.w_prev
     replay = list(prev.replay) if prev else []
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
@@ -322,11 +322,7 @@ def _commit_epoch(
         fault("after-staging")
     carry = carry or _stage_carry(cp, run_id, epoch, res)
     st_refs, ids_ref = carry.state, carry.ids
-    dls = list(prev.dead_letters) if prev else []
-    if res.dead_letters.num_rows:
-        fault("during-dead-letters")
-        t = res.dead_letters.append_column("epoch", pa.array([epoch] * res.dead_letters.num_rows, pa.int64()))
-        dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
+    dls = cp.stage_dead_letters(run_id, epoch, res.dead_letters, list(prev.dead_letters) if prev else [])
     # produce's `malformed:` and the kernel's `error:` letters
     malformed = sum(c.malformed for c in chunks) + res.errors
     counts = Counts(
@@ -346,13 +342,7 @@ def _commit_epoch(
         kind="process",
         fingerprint=spec.fingerprint(),
         config=spec.model_dump(mode="json", exclude={"source"}),
-        remap=clock.remap,
-        segments={s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
-        segment_watermarks=clock.segment_watermarks,
-        decisions=clock.decisions,
-        watermark=clock.watermark,
-        prev_watermark=w_prev,
-        chunks={s: [v[0].seq, v[-1].seq] for s, v in taken.items() if v},
+        **plan.manifest_fields(),
         outputs=outputs,
         changed={w: ps for w, ps in changed.items() if ps},
         state=st_refs,
@@ -363,11 +353,4 @@ def _commit_epoch(
         replay=replay[1:],
         created_ms=now_ms(),
     )
-    cp.prepare(manifest)
-    fault("after-manifest")
-    try:
-        cp.commit(manifest)
-    except CommitConflict:
-        cp.abort(run_id)
-        raise
-    return manifest
+    return cp.prepare_and_commit(manifest)

@@ -56,6 +56,20 @@ class Planned:
     replay: tuple  # the recorded epochs left to replay after this one
     replayed: bool  # whether this epoch replays a recorded one (after a rewind)
 
+    def manifest_fields(self) -> dict:
+        """What the epoch's manifest records of its reading and its clock (every engine that plans
+        from streams commits these the same way: engine.py, computestage.py)."""
+        c = self.clock
+        return {
+            "remap": c.remap,
+            "segments": {s: SegmentRecord(**x.to_json()) for s, x in c.segments.items()},
+            "segment_watermarks": c.segment_watermarks,
+            "decisions": dict(c.decisions),
+            "watermark": c.watermark,
+            "prev_watermark": self.w_prev,
+            "chunks": {s: [v[0].seq, v[-1].seq] for s, v in self.taken.items() if v},
+        }
+
     def after(self) -> From:
         """Where the epoch after this one starts."""
         # through the manifest's record types, as the next epoch would read them back

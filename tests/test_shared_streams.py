@@ -56,13 +56,19 @@ PIPELINES = {
             {"name": "w", "type": "tumbling", "size": "10s", "aggregates": {"n": "count", "spent": "sum(price)"}}
         ],
     },
-    # a composite key and a derived field
+    # a composite key and derived fields, one of them redefining a field the records have (both
+    # computed from the record as it came: usd from the original price)
     "by_channel": {
         "stream": STREAM,
         "event": {"key": ["auction", "channel"], "time": "date_time", "id": "bid_id"},
-        "fields": {"usd": "price * 0.908"},
+        "fields": {"usd": "price * 0.908", "price": "price * 2"},
         "windows": [
-            {"name": "w", "type": "session", "gap": "3s", "aggregates": {"n": "count", "usd": "sum(usd)"}},
+            {
+                "name": "w",
+                "type": "session",
+                "gap": "3s",
+                "aggregates": {"n": "count", "usd": "sum(usd)", "top": "max(price)"},
+            },
         ],
     },
 }
@@ -111,8 +117,9 @@ def _expected(name: str, recs: list[dict]) -> tuple[list[dict], int, int]:
                 ev.append({"_t": r["date_time"], "_key": str(r["bidder"]), field_column("price"): float(r["price"])})
         else:
             usd = r["price"] * 0.908 if _is_num(r["price"]) else None
+            doubled = r["price"] * 2.0 if _is_num(r["price"]) else None
             key = json.dumps([str(r["auction"]), r["channel"]], separators=(",", ":"))
-            ev.append({"_t": r["date_time"], "_key": key, field_column("usd"): usd})
+            ev.append({"_t": r["date_time"], "_key": key, field_column("usd"): usd, field_column("price"): doubled})
     return ev, malformed, filtered
 
 

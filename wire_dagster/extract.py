@@ -150,9 +150,12 @@ def _prepare(
             if spec.fields
             else "__j"
         )
+        # a field that redefines one the record has replaces it, as for Parquet rows above
+        replaced = [f for f, _ in spec.fields if f in refs]
+        excl = f" EXCLUDE ({', '.join(_q(c) for c in replaced)})" if replaced else ""
         sql = f"""
             WITH b AS ({base}),
-                 d AS (SELECT *{", " + derived if derived else ""} FROM b)
+                 d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
             SELECT encode({patch}) AS raw, {where} AS {_KEEP} FROM d"""
     try:
         out = con.sql(sql).to_arrow_table()

@@ -56,7 +56,7 @@ lint: setup
 # The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS; WIRE_FAULT_*: the flaky-network
 # test's seeds, fault rates, events per segment and the outage after a lost commit marker's answer).
 test-long: setup chromium postgresql lint
-	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 WIRE_DERIVED_SEEDS=4 WIRE_COMPUTE_SEEDS=10 WIRE_NEXMARK_EVENTS=200000 WIRE_TICK_KILLS=10 WIRE_FAULT_SEEDS=3 WIRE_FAULT_RATES=0.06,0.1 WIRE_FAULT_EVENTS=4000 \
+	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 WIRE_DERIVED_SEEDS=4 WIRE_COMPUTE_SEEDS=10 WIRE_RAW_JOIN_SEEDS=4 WIRE_RAW_JOIN_KILLS=3 WIRE_NEXMARK_EVENTS=200000 WIRE_TICK_KILLS=10 WIRE_FAULT_SEEDS=3 WIRE_FAULT_RATES=0.06,0.1 WIRE_FAULT_EVENTS=4000 \
 	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)
 
 # The real NEXMark q5, q7, q8, q11 (BENCHMARKS.md); the first-stage comparison is benchmarks/compare.py.

@@ -65,8 +65,7 @@ Q8 = """
 Q7 = """
     WITH b AS (SELECT *, date_time - date_time % 10000 AS ws FROM bids),
     m AS (SELECT ws, max(price) AS maxprice FROM b GROUP BY ws)
-    SELECT CAST(b.auction AS VARCHAR) AS auction, CAST(b.price AS DOUBLE) AS price,
-           CAST(b.bidder AS VARCHAR) AS bidder, CAST(b.date_time AS DOUBLE) AS date_time
+    SELECT b.auction, b.price, b.bidder, b.date_time
     FROM b JOIN m ON b.ws = m.ws AND b.price = m.maxprice
 """
 SQL = {"q5": Q5, "q7": Q7, "q8": Q8, "q11": Q11}
@@ -82,7 +81,7 @@ QUERIES: dict[str, dict] = {
         "title": "hot items: bids per auction in sliding 10 s / 2 s windows, the top auctions of each (ties kept)",
     },
     "q7": {
-        "stages": ["q7_bids", "q7_max", "q7"],
+        "stages": ["q7_max", "q7"],  # q7's tick ticks nexmark_q7__bids (its raw bids) first
         "window": "highest_bids",
         "columns": ["auction", "price", "bidder", "date_time"],
         "streams": ["bids"],
@@ -223,12 +222,7 @@ def spark_query(spark, query: str, data: Path, delay_ms: int):
         b = spark_source(spark, data, "bids", delay_ms).withColumn("w", F.window("ts", "10 seconds"))
         top = b.groupBy(F.col("w").alias("tw")).agg(F.max("price").alias("maxprice"))
         j = b.join(top, (F.col("w") == F.col("tw")) & (F.col("price") == F.col("maxprice")))
-        return j.select(
-            F.col("auction").cast("string").alias("auction"),
-            F.col("price").cast("double").alias("price"),
-            F.col("bidder").cast("string").alias("bidder"),
-            F.col("date_time").cast("double").alias("date_time"),
-        )
+        return j.select("auction", "price", "bidder", "date_time")  # the bids' own columns
     if query == "q8":
         p = spark_source(spark, data, "persons", delay_ms)
         a = spark_source(spark, data, "auctions", delay_ms)

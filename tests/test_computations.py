@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -173,9 +174,8 @@ class _RefKey:
         for e in sorted(events, key=lambda e: (e["t"], e["pos"])):
             self.fire(e["t"])
             seg, seq, row = e["pos"]
-            self.call(
-                self.comp.process_record, dict(e["rec"]), e["t"], f"r:{seg}/{seq}/{row}", e["pos"], e.get("late", False)
-            )
+            origin = e.get("origin") or f"r:{seg}/{seq}/{row}"  # a derived row names its own
+            self.call(self.comp.process_record, dict(e["rec"]), e["t"], origin, e["pos"], e.get("late", False))
         self.fire(INF)
 
 
@@ -310,6 +310,12 @@ def test_the_executor_equals_the_reference_under_random_epoch_splits(tmp_path: P
     assert any("boom at" in r for _, r in got_dead) or len(events) < 1000
 
 
+def _carried_of(carried: pa.Table, comp: str) -> dict:
+    """The one key's carried state of computation `comp` (beside it: the id memory of delivery)."""
+    (data,) = [d for c, d in zip(carried["comp"].to_pylist(), carried["data"].to_pylist(), strict=True) if c == comp]
+    return json.loads(data)
+
+
 def test_late_records_are_delivered_in_the_epoch_they_arrive_and_flagged(tmp_path: Path) -> None:
     """A record behind W_prev is delivered (not dropped, not a dead letter) in the epoch it
     arrives, in (time, position) order with that epoch's records, with ctx.is_late."""
@@ -327,12 +333,12 @@ def test_late_records_are_delivered_in_the_epoch_they_arrive_and_flagged(tmp_pat
     rows1 = [{**base, "ts": T0 + 1_000, "event_id": "a", "v": 1}, {**base, "ts": T0 + 12_000, "event_id": "b", "v": 2}]
     carried, got = epoch(rows1, CARRIED_SCHEMA.empty_table(), NEG_INF, T0 + 10_000, 0)
     assert got == []  # the 1 s record was delivered (n = 1), not late; 12 s is buffered
-    assert json.loads(carried["data"][0].as_py())["buffer"][0][0] == T0 + 12_000
+    assert _carried_of(carried, "zoo")["buffer"][0][0] == T0 + 12_000
     rows2 = [{**base, "ts": T0 + 15_000, "event_id": "c", "v": 3}, {**base, "ts": T0 + 3_000, "event_id": "d", "v": 4}]
     carried, got = epoch(rows2, carried, T0 + 10_000, T0 + 20_000, 1)
     # delivered in time order: 3 s (late, the second record of the key: n = 2), then 12 s, 15 s
     assert got == [{"late": 4, "n": 2}]
-    assert json.loads(carried["data"][0].as_py())["state"]["n"] == 4
+    assert _carried_of(carried, "zoo")["state"]["n"] == 4
 
 
 # ---------------------------------------------------------------------------
@@ -549,11 +555,14 @@ def test_a_bad_computations_section_is_one_line(change: dict, says: str) -> None
 
 
 def test_the_examples_load() -> None:
+    from wire_dagster.derived import check_graph
     from wire_dagster.spec import load_all
 
     specs = {s.name: s for s in load_all(EXAMPLES)}
-    assert set(specs) == {"quiet_users", "click_spikes"}
+    assert set(specs) == {"quiet_users", "user_clicks", "click_spikes"}
+    check_graph(list(specs.values()))  # the spike detector reads user_clicks' window
     assert [w.type for w in specs["quiet_users"].windows] == ["output"]
+    assert [(i.pipeline, i.output) for i in specs["click_spikes"].derived] == [("user_clicks", "per_minute")]
     plain = pipeline_from_dict(
         {
             "name": "p",
@@ -563,6 +572,18 @@ def test_the_examples_load() -> None:
     )
     assert "computations" not in json.dumps(plain.model_dump(exclude={"computations"}))
     assert plain.computations == ()
+
+
+def test_the_examples_load_as_a_code_location() -> None:
+    """The examples' directory as Dagster definitions: the spike detector's output is an asset
+    downstream of the window it reads."""
+    import dagster as dg
+
+    from definitions import build_definitions
+
+    graph = build_definitions(EXAMPLES).resolve_asset_graph()
+    spikes = graph.get(dg.AssetKey(["click_spikes", "spikes"]))
+    assert dg.AssetKey(["user_clicks", "per_minute"]) in spikes.parent_keys
 
 
 # ---------------------------------------------------------------------------
@@ -689,7 +710,7 @@ def test_a_computation_output_is_a_derived_stream_for_windows_downstream(store, 
     engine.process(store, down, spark)
     m_up, m_down = Checkpoints(store, "users").latest(), Checkpoints(store, "hourly").latest()
     assert m_up is not None and m_down is not None
-    assert m_down.watermark == computestage.output_watermark(m_up) == INF
+    assert m_down.watermark == m_up.output_watermark() == INF
     alerts = computestage.read_output(store, up, "alerts")
     want: dict = {}
     for a in alerts:
@@ -703,3 +724,444 @@ def test_a_computation_output_is_a_derived_stream_for_windows_downstream(store, 
         (r["key"], r["window_start"]): (r["n"], r["latest"]) for r in read_results(store, down, "per_hour").to_pylist()
     }
     assert got == want and len(got) >= 3
+
+
+# ---------------------------------------------------------------------------
+# A computation over a derived stream (a window's rows), and derived fields in the record
+
+ECHO = '''
+from wire_dagster.computation import Computation
+
+
+class Echo(Computation):
+    """Produces what it is given: the record as delivered, and whether it was late."""
+
+    def process_record(self, ctx, record):
+        ctx.produce({"seen": record, "late": ctx.is_late}, "echoes")
+'''
+
+ECHO_SPEC = ComputationSpec(name="echo", input="minutes", code="echo:Echo", outputs=("echoes",))
+
+
+def _upstream_rows(rows: list[dict], partition: int) -> pa.Table:
+    """Rows of an upstream window's partition file as the executors read them (RECORD_SCHEMA):
+    time window_end - 1, key the row's key, position (input, upstream partition, row)."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "_t": r["window_end"] - 1,
+                "_key": r["key"],
+                "_id": None,
+                "_row": i,
+                "_err": None,
+                "_src": None,
+                "_seg": "minutes",
+                "_seq": partition,
+                "_json": json.dumps(r),
+            }
+            for i, r in enumerate(rows)
+        ],
+        RECORD_SCHEMA,
+    )
+
+
+def test_a_derived_row_is_delivered_when_it_appears_again_when_it_changes_and_retracted_when_gone(
+    tmp_path: Path,
+) -> None:
+    """The transcript of one upstream partition (p0: 1 m windows, allowed lateness 30 s upstream)
+    as the stage syncs to it epoch by epoch; Echo shows what the computation is given.
+
+        upstream W   -inf → 60s      → 75s            → 100s          → 105s                → 200s
+        p0 holds     A(u)=3, V(v)=1   A=4 (late fire)  A=4, S[70,80)=1 A=4, S2[70,85)=2 (S   (not read)
+                                                                       merged away)
+        delivered    A, V             A* (update)      S (A unchanged) S (retracted), S2     nothing
+        memory       A (90 > 60)      A                S (A final: 90  S2                    (S2 final)
+                                                       <= 100)
+    """
+    d = _modules(tmp_path)
+    (d / "echo.py").write_text(ECHO)
+    loaded = Loaded((ECHO_SPEC,), (load_class(ECHO_SPEC.code, str(d), "echo"),), str(d))
+    sync_of = partial(computestage.Sync, lateness={"minutes": 30_000}, partitioning={"minutes": (T0, 300_000)})
+
+    def row(key, start, end, n):
+        return {"key": key, "window_start": T0 + start * 1000, "window_end": T0 + end * 1000, "clicks": n}
+
+    a3, a4, v1 = row("u", 0, 60, 3), row("u", 0, 60, 4), row("v", 0, 60, 1)
+    s1, s2 = row("u", 70, 80, 1), row("u", 70, 85, 2)
+    script = [  # (rows of p0 as the upstream holds them, or None: p0 unchanged, not read; new W)
+        ([a3, v1], 60),
+        ([a4, v1], 75),
+        ([a4, v1, s1], 100),
+        ([a4, v1, s2], 105),
+        (None, 200),
+    ]
+
+    def run() -> list[list[tuple]]:
+        comps = loaded.instances()
+        carried, w, seen = CARRIED_SCHEMA.empty_table(), NEG_INF, []
+        for rows, w_new in script:
+            w_new = T0 + w_new * 1000
+            sync = sync_of(read={"minutes": (T0,) if rows is not None else ()})
+            out = run_bucket(loaded, comps, _upstream_rows(rows or [], T0), carried, w, w_new, sync)
+            carried, w = out[("carried", "")], w_new
+            got = [(r["key"], r["id"], json.loads(r["record"])) for r in out[("produced", "")].to_pylist()]
+            seen.append(got)
+            n = out[("n", "")].to_pylist()[0]
+            assert n["events_in"] == len(got)  # what the epoch delivered: its records in
+        assert carried.num_rows == 0  # every row final: nothing remembered
+        return seen
+
+    seen = run()
+
+    def said(epoch: int) -> list[tuple]:
+        return [
+            (k, r["seen"]["clicks"], r["seen"]["window_end"], r["seen"]["_update"], r["late"])
+            for k, _, r in seen[epoch]
+        ]
+
+    end60, end80, end85 = T0 + 60_000, T0 + 80_000, T0 + 85_000
+    assert said(0) == [("u", 3, end60, False, False), ("v", 1, end60, False, False)]
+    assert said(1) == [("u", 4, end60, True, True)]  # the late firing: the row again, updated, late
+    assert said(2) == [("u", 1, end80, False, False)]  # A unchanged is not delivered again
+    assert said(3) == [("u", 1, end80, True, True), ("u", 2, end85, False, True)]
+    assert seen[3][0][2]["seen"]["_retract"] is True and "_retract" not in seen[3][1][2]["seen"]
+    assert seen[4] == []
+    assert {k for k in seen[0][0][2]["seen"]} == {"key", "window_start", "window_end", "clicks", "_update"}
+    ids = [i for epoch in seen for _, i, _ in epoch]
+    assert len(set(ids)) == len(ids)
+    assert run() == seen  # the same deliveries and ids on a replay
+
+
+def test_a_final_derived_row_is_never_read_again_not_even_a_dead_letter(tmp_path: Path) -> None:
+    """A partition of the upstream is read again each time a window fires into it; its rows
+    final before (no lateness upstream: once fired) are not delivered, counted or made dead
+    letters again: the malformed row of minute 0 (its time outside this pipeline's range, say)
+    is one dead letter, and minute 0's row is delivered once."""
+    d = _modules(tmp_path)
+    (d / "echo.py").write_text(ECHO)
+    loaded = Loaded((ECHO_SPEC,), (load_class(ECHO_SPEC.code, str(d), "echo"),), str(d))
+    sync = computestage.Sync({"minutes": (T0,)}, {"minutes": 0}, {"minutes": (T0, 300_000)})
+    rows = [
+        {"key": "u", "window_start": T0 + m * 60_000, "window_end": T0 + (m + 1) * 60_000, "clicks": 1}
+        for m in range(3)
+    ]
+    comps, carried, w, dead, got = loaded.instances(), CARRIED_SCHEMA.empty_table(), NEG_INF, [], []
+    for fired in (1, 2, 3):  # minute by minute, p0 holds one more row (and the malformed one)
+        t = _upstream_rows(rows[:fired] + [{**rows[0], "key": "bad"}], T0)
+        t = t.set_column(t.schema.get_field_index("_err"), "_err", pa.array([None] * fired + ["malformed: x"]))
+        out = run_bucket(loaded, comps, t, carried, w, T0 + fired * 60_000, sync)
+        carried, w = out[("carried", "")], T0 + fired * 60_000
+        got += [json.loads(r)["seen"]["window_start"] for r in out[("produced", "")]["record"].to_pylist()]
+        dead += out[("dead", "")]["reason"].to_pylist()
+        n = out[("n", "")].to_pylist()[0]
+        assert n["events_in"] == (2 if fired == 1 else 1) and n["malformed"] == (fired == 1)
+    assert got == [r["window_start"] for r in rows] and dead == ["malformed: x"]
+
+
+OOO_D = OOO  # the upstream's bound of disorder (COMMON's)
+
+
+def _minute_events(rnd: random.Random, minutes: int, users: int, late: int) -> list[dict]:
+    """Clicks in arrival order for per-minute counts: each user 0-3 clicks a minute, sometimes a
+    burst (the spike detector's spikes), disorder within the bound; `late` clicks arrive up to
+    25 s behind the watermark (within the upstream's 30 s of allowed lateness: late firings)."""
+    rows = []
+    for m in range(minutes):
+        for u in range(users):
+            n = rnd.choice([0, 1, 1, 2, 3]) if m < 5 or rnd.random() > 0.12 else rnd.randint(12, 20)
+            for _ in range(n):
+                rows.append({"ts": T0 + 3_600_000 + m * 60_000 + rnd.randrange(60_000), "user_id": f"u{u}"})
+    keyed = []
+    for i, r in enumerate(rows):
+        r["event_id"] = f"e{i}"
+        r["amount"] = rnd.randrange(100)
+        keyed.append((r["ts"] + rnd.randrange(OOO_D), i, r))
+    for i in rnd.sample(range(len(rows)), late):
+        keyed[i] = (rows[i]["ts"] + OOO_D + rnd.randrange(5_000, 25_000), i, rows[i])
+    return [r for _, _, r in sorted(keyed)]
+
+
+def _derived_pipelines(d: Path) -> tuple:
+    up = {
+        "name": "minutes_up",
+        **COMMON,
+        "lateness": {"allowed": "30s"},
+        "dagster": {"keep_epochs": 1_000},  # a rewind of the stage replays the upstream's epochs
+        "windows": [{"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"clicks": "count"}}],
+    }
+    down = {
+        "name": "detect",
+        "inputs": [{"name": "minutes", "pipeline": "minutes_up", "output": "per_minute", "key": "key"}],
+        "fields": {"double_clicks": "clicks * 2"},
+        "dagster": {"keep_epochs": 1_000},  # every epoch kept: the test rewinds to epoch 1
+        "partition": "5m",
+        "start": COMMON["start"],
+        "end": COMMON["end"],
+        "computations": [
+            {"name": "spikes", "input": "minutes", "code": "spike:CountSpikeDetector", "outputs": ["spikes"]},
+            {"name": "echo", "input": "minutes", "code": "echo:Echo", "outputs": ["echoes"]},
+        ],
+    }
+    (d / "echo.py").write_text(ECHO)
+    (d / "minutes_up.yaml").write_text(yaml.safe_dump(up))
+    (d / "detect.yaml").write_text(yaml.safe_dump(down))
+    return load_pipeline(d / "minutes_up.yaml"), load_pipeline(d / "detect.yaml")
+
+
+def _derived_origin(row: dict, n: int) -> str:
+    ident = json.dumps(["minutes", row["key"], row["window_start"], row["window_end"]])
+    return "d:" + hashlib.sha256(ident.encode()).hexdigest()[:20] + f"/{n}"
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_computation_over_a_window_equals_the_reference_composition(store, spark, tmp_path: Path, seed: int) -> None:
+    """The spike detector over the clicks per user per minute (a window's derived stream), the
+    stage syncing to the upstream between its epochs at random: the counts it is given are the
+    plain-Python counts per user and minute (each delivered once, in event-time order; a late
+    firing delivered again as an update, its last delivery the final count), and its spikes are
+    the reference executor's over those counts (the composition; the detector ignores updates,
+    so a count delivered twice counts as first delivered).
+
+        clicks ... (random, 6 late within the 30 s upstream lateness) | a click per user at e-20s
+        and one at e+OOO+1s (W passes e: the minute [e-60s, e) fires) | a click per user at
+        e-0.5s (late: every user's minute fires again, an update downstream) | closed
+    """
+    rnd = random.Random(seed)
+    d = _modules(tmp_path / "p")
+    up, down = _derived_pipelines(d)
+    events = _minute_events(rnd, 40, 4, late=6)
+    e = max(x["ts"] for x in events) // 60_000 * 60_000 + 120_000  # a minute end after every click
+    users = sorted({x["user_id"] for x in events})
+    extra = [[{"ts": e - 20_000, "user_id": u} for u in users] + [{"ts": e + OOO + 1_000, "user_id": users[0]}]]
+    extra.append([{"ts": e - 500, "user_id": u} for u in users])
+    for n, batch in enumerate(extra):
+        for j, x in enumerate(batch):
+            x.update(event_id=f"x{n}-{j}", amount=1)
+    level = stream_spec("clicks", "ts", "event_id", up)
+
+    def produce(rows: list[dict], name: str) -> None:
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps(x) + "\n" for x in rows))
+        streams.produce(store, level, f)
+
+    def drain() -> None:
+        while engine.process(store, up, spark, max_epochs=5).committed:
+            pass
+        computestage.process(store, down, spark, max_epochs=3, single_task=rnd.random() < 0.5)
+
+    i = 0
+    while i < len(events):
+        n = rnd.randint(20, 120)
+        produce(events[i : i + n], f"e{i}")
+        i += n
+        engine.process(store, up, spark, max_epochs=1)
+        if rnd.random() < 0.7:  # the stage syncs to the upstream's latest commit, or waits
+            computestage.process(store, down, spark, max_epochs=2, single_task=rnd.random() < 0.5)
+    for n, batch in enumerate(extra):
+        produce(batch, f"x{n}")
+        drain()
+    streams.close_stream(store, "clicks")
+    drain()
+    events += [x for batch in extra for x in batch]
+    m = Checkpoints(store, "detect").latest()
+    latest_up = Checkpoints(store, "minutes_up").committed()[-1]
+    assert m is not None and m.watermark == INF and m.remap == {"minutes": latest_up}
+
+    counts: dict = {}
+    for x in events:
+        k = (x["user_id"], x["ts"] - (x["ts"] - T0) % 60_000)
+        counts[k] = counts.get(k, 0) + 1
+    echoes = computestage.read_output(store, down, "echoes")
+    assert len({r["id"] for r in echoes}) == len(echoes)
+    deliveries: dict = {}
+    for r in sorted(echoes, key=lambda r: (r["key"], r["window_start"], r["id"])):
+        seen = r["record"]["seen"]
+        k = (seen["key"], seen["window_start"])
+        assert set(seen) == {"key", "window_start", "window_end", "clicks", "double_clicks", "_update"}
+        assert r["key"] == seen["key"] and r["window_start"] == seen["window_end"] - 1
+        assert seen["double_clicks"] == 2 * seen["clicks"]  # the pipeline's derived field
+        assert seen["_update"] == (k in deliveries)  # the first delivery, then updates
+        assert r["record"]["late"] or not seen["_update"]  # an update is a late firing's: late
+        deliveries.setdefault(k, []).append(seen["clicks"])
+    assert {k: v[-1] for k, v in deliveries.items()} == counts  # each final count, delivered last
+    assert {k for k, v in deliveries.items() if len(v) > 1} >= {(u, e - 60_000) for u in users}
+    # the spike detector: the reference executor over the counts as first delivered
+    rows = [
+        {"key": u, "window_start": m0, "window_end": m0 + 60_000, "clicks": n, "double_clicks": 2 * n, "_update": False}
+        for (u, m0), v in deliveries.items()
+        for n in v[:1]
+    ]
+    ref_events = [
+        {
+            "t": r["window_end"] - 1,
+            "key": r["key"],
+            "pos": ("minutes", r["window_start"], 0),
+            "rec": r,
+            "origin": _derived_origin(r, 0),
+        }
+        for r in rows
+    ]
+    cls = load_class("spike:CountSpikeDetector", str(d), "spike")
+    spec_c = ComputationSpec(name="spikes", input="minutes", code="spike:CountSpikeDetector", outputs=("spikes",))
+    want, failures = reference(cls, spec_c, ref_events)
+    got = [
+        ("spikes", r["key"], r["window_start"], r["id"], json.dumps(r["record"], sort_keys=True))
+        for r in computestage.read_output(store, down, "spikes")
+    ]
+    assert _sorted(got) == _sorted(want) and not failures
+    assert want, "the reference found spikes"
+    # conservation, per computation: every delivered row is counted
+    t = m.totals
+    for c in down.computations:
+        assert t.events_in == t.counted[c.name] + t.malformed + t.filtered
+    # a rewind replays the recorded upstream epochs: the same records, the same ids
+    before = {w.name: computestage.read_output(store, down, w.name) for w in down.windows}
+    replay.rewind(store, down, 1)
+    while computestage.process(store, down, spark, max_epochs=5).committed:
+        pass
+    assert {w.name: computestage.read_output(store, down, w.name) for w in down.windows} == before
+
+
+def test_derived_fields_are_in_the_record_a_computation_gets(store, spark, tmp_path: Path) -> None:
+    """`fields:` (SQL over the record) are set in the record as the windows see them."""
+    d = _modules(tmp_path)
+    (d / "echo.py").write_text(ECHO)
+    body = {
+        "name": "eur",
+        **COMMON,
+        "fields": {"amount_eur": "amount * 0.92", "big": "amount > 50"},
+        "computations": [{"name": "echo", "code": "echo:Echo", "outputs": ["echoes"]}],
+    }
+    (d / "eur.yaml").write_text(yaml.safe_dump(body))
+    spec = load_pipeline(d / "eur.yaml")
+    events = _minute_events(random.Random(2), 5, 3, late=0)
+    f = tmp_path / "e.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", spec), f)
+    streams.close_stream(store, "clicks")
+    computestage.process(store, spec, spark, max_epochs=3)
+    seen = {
+        r["record"]["seen"]["event_id"]: r["record"]["seen"] for r in computestage.read_output(store, spec, "echoes")
+    }
+    assert len(seen) == len(events)
+    for e in events:
+        got = seen[e["event_id"]]
+        assert got["amount_eur"] == pytest.approx(e["amount"] * 0.92) and got["big"] == (e["amount"] > 50)
+        assert {k: got[k] for k in e} == e  # the record's own fields, as produced
+
+
+@pytest.mark.parametrize(
+    ("inputs", "says"),
+    [
+        (
+            [{"name": "a", "stream": "clicks", "time": "ts"}, {"name": "b", "stream": "views", "time": "ts"}],
+            "over several inputs is not built yet",
+        ),
+    ],
+)
+def test_a_computation_over_several_inputs_is_refused_in_one_line(inputs: list, says: str) -> None:
+    body = {
+        "name": "p",
+        "inputs": inputs,
+        "partition": "5m",
+        "computations": [{"name": "c", "code": "q:Q", "outputs": ["o"]}],
+    }
+    with pytest.raises(WireInputError) as e:
+        pipeline_from_dict(body)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_computation_over_another_computations_output_is_refused_in_one_line(tmp_path: Path) -> None:
+    d = _modules(tmp_path)
+    _pipeline(d, comps=COMPS[:1], name="users")
+    body = {
+        "name": "second",
+        "inputs": [{"name": "alerts", "pipeline": "users", "output": "alerts", "key": "key"}],
+        "partition": "5m",
+        "computations": [{"name": "c", "code": "quiet:QuietAlert", "outputs": ["o"]}],
+    }
+    (d / "second.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(WireInputError) as e:
+        computestage.synced_upstreams(load_pipeline(d / "second.yaml"))
+    assert "another computation's output (users.alerts) is not built yet" in str(e.value)
+
+
+def test_a_session_merged_upstream_is_retracted_downstream(store, spark, tmp_path: Path) -> None:
+    """On Spark, through both stages: a late click merges two fired sessions upstream (allowed
+    lateness 2 min); the computation over the sessions is given both again, retracted, and the
+    merged session as a new row. What it was given, replayed, ends in the upstream's rows.
+
+        clicks of u   0 10 20 s        60 70 80 s           (a click of "clock" at 118 s: W 116 s)
+        sessions      A [0, 50)        B [60, 110)          fired, delivered
+        late click           45 s  ->  M [0, 110)           A, B retracted; M delivered
+    """
+    d = _modules(tmp_path / "p")
+    (d / "echo.py").write_text(ECHO)
+    up_body = {
+        "name": "sess_up",
+        **COMMON,
+        "lateness": {"allowed": "2m"},
+        "windows": [{"name": "sessions", "type": "session", "gap": "30s", "aggregates": {"clicks": "count"}}],
+    }
+    down_body = {
+        "name": "sess_down",
+        "inputs": [{"name": "minutes", "pipeline": "sess_up", "output": "sessions", "key": "key"}],
+        "partition": "5m",
+        "start": COMMON["start"],
+        "end": COMMON["end"],
+        "computations": [{"name": "echo", "code": "echo:Echo", "outputs": ["echoes"]}],
+    }
+    (d / "sess_up.yaml").write_text(yaml.safe_dump(up_body))
+    (d / "sess_down.yaml").write_text(yaml.safe_dump(down_body))
+    up, down = load_pipeline(d / "sess_up.yaml"), load_pipeline(d / "sess_down.yaml")
+    t = T0 + 3_600_000
+    batches = [
+        [{"ts": t + s * 1000, "user_id": "u"} for s in (0, 10, 20, 60, 70, 80)]
+        + [{"ts": t + 118_000, "user_id": "clock"}],
+        [{"ts": t + 45_000, "user_id": "u"}],
+    ]
+    level = stream_spec("clicks", "ts", "event_id", up)
+    for n, batch in enumerate(batches):
+        f = tmp_path / f"b{n}.jsonl"
+        f.write_text("".join(json.dumps({**x, "event_id": f"b{n}-{j}"}) + "\n" for j, x in enumerate(batch)))
+        streams.produce(store, level, f)
+        engine.process(store, up, spark, max_epochs=3)
+        computestage.process(store, down, spark, max_epochs=3)
+    streams.close_stream(store, "clicks")
+    while engine.process(store, up, spark, max_epochs=3).committed:
+        pass
+    computestage.process(store, down, spark, max_epochs=3)
+
+    def span(r: dict) -> tuple:
+        return (r["key"], (r["window_start"] - t) // 1000, (r["window_end"] - t) // 1000)
+
+    echoes = sorted(computestage.read_output(store, down, "echoes"), key=lambda r: (r["window_start"], r["id"]))
+    given = [
+        (span(r["record"]["seen"]), r["record"]["seen"]["_update"], "_retract" in r["record"]["seen"]) for r in echoes
+    ]
+    u = [g for g in given if g[0][0] == "u"]
+    assert sorted(u) == sorted(
+        [
+            (("u", 0, 50), False, False),  # A, when it fired
+            (("u", 60, 110), False, False),  # B, when it fired
+            (("u", 0, 50), True, True),  # both merged away by the late click: retracted
+            (("u", 60, 110), True, True),
+            (("u", 0, 110), False, False),  # the merged session: a new row
+        ]
+    )
+    live: dict = {}
+    for r in echoes:  # replaying what the computation was given gives the upstream's rows
+        seen = r["record"]["seen"]
+        if seen.get("_retract"):
+            del live[span(seen)]
+        else:
+            live[span(seen)] = seen["clicks"]
+    from wire_dagster.results import read_results
+
+    assert live == {span(r): r["clicks"] for r in read_results(store, up, "sessions").to_pylist()}
+    assert live[("u", 0, 110)] == 7
+    # what `wire status` and `wire dlq` show of the stage
+    from wire_dagster.results import read_dead_letters
+    from wire_dagster.status import pipeline_status
+
+    assert pipeline_status(store, down) and read_dead_letters(store, down) == []

@@ -5,7 +5,8 @@ groups, delayed events), produced once to the shared streams `bids`, `persons` a
 and read there by the queries and by pipelines/bids.yaml alike.
 
 q5 (hot items), q7 (highest bid) and q8 (monitor new users) are graphs: raw stages, then
-derived streams and windowed joins of them."""
+derived streams and windowed joins of them; q7 joins the raw bids themselves with a window's
+maximum (its raw input read through the generated pipeline nexmark_q7__bids, expand.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from benchmarks.nexmark import Config, generate
 from benchmarks.nexmark_sql import Q5, Q7, Q8, Q11  # the reference SQL, shared with the benchmark
 from wire_dagster import engine, results, streams
-from wire_dagster.spec import load_pipeline, stream_spec
+from wire_dagster.spec import load_pipeline, load_pipelines, stream_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 NEXMARK = ROOT / "pipelines" / "nexmark"
@@ -42,9 +43,12 @@ RAW = {"bids": "bid_id", "persons": "id", "auctions": "id"}
 def test_the_nexmark_files_load(path: Path) -> None:
     spec = load_pipeline(path)
     assert spec.name == f"nexmark_{path.stem}"
-    assert spec.stream in RAW or {i.pipeline for i in spec.derived} <= {
-        f"nexmark_{p.stem}" for p in NEXMARK.glob("*.yaml")
-    }
+    declared = {s.name: s for p in NEXMARK.glob("*.yaml") for s in load_pipelines(p)}
+    assert spec.stream in RAW or {i.pipeline for i in spec.derived} <= set(declared)
+    # every stage reads streams or declared pipelines' windows; a raw input of a join is read
+    # through a generated pipeline of the same file, reading that stream
+    for gen in load_pipelines(path)[:-1]:
+        assert gen.name.startswith(spec.name + "__") and gen.stream in RAW and gen.source == spec.source
 
 
 def test_the_nexmark_queries_equal_their_sql_in_duckdb(store, spark, tmp_path: Path) -> None:
@@ -55,8 +59,10 @@ def test_the_nexmark_queries_equal_their_sql_in_duckdb(store, spark, tmp_path: P
     q = {p.stem: load_pipeline(p) for p in NEXMARK.glob("*.yaml")}
     per_auction = load_pipeline(ROOT / "pipelines" / "bids.yaml")
     # stages in dataflow order: the raw readers first, then what derives from them
-    order = [q["q11"], per_auction, q["q5_counts"], q["q7_bids"], q["q8_persons"], q["q8_auctions"]]
-    order += [q["q5_max"], q["q7_max"], q["q5"], q["q7"], q["q8"]]
+    q7_bids = load_pipelines(NEXMARK / "q7.yaml")[0]  # nexmark_q7__bids: q7's raw input
+    assert q7_bids.name == "nexmark_q7__bids"
+    order = [q["q11"], per_auction, q["q5_counts"], q7_bids, q["q7_max"], q["q8_persons"], q["q8_auctions"]]
+    order += [q["q5_max"], q["q5"], q["q7"], q["q8"]]
     rnd = random.Random(5)
     # The bids in two segments (odd and even ids: each keeps the stream's order and disorder
     # bound), persons and auctions in one each; every one appended in random slices.
@@ -101,3 +107,17 @@ def test_the_nexmark_queries_equal_their_sql_in_duckdb(store, spark, tmp_path: P
         assert len(got) == len(want) >= least, (spec.name, len(got), len(want))
         assert got == want, spec.name
         print(f"{spec.name}.{window}: {len(got)} rows equal DuckDB")
+    # q7's raw bids: every bid read once by the generated pipeline, none late, duplicate or malformed
+    from wire_dagster.checkpoint import Checkpoints
+
+    m = Checkpoints(store, q7_bids.name).latest()
+    assert m is not None
+    tot = m.totals
+    n = data["bids"].num_rows
+    assert (tot.events_in, tot.counted, tot.late, tot.duplicate, tot.malformed) == (
+        n,
+        {"records": n},
+        {"records": 0},
+        0,
+        0,
+    )

@@ -125,14 +125,14 @@ def backfill(store: ObjectStore, spec: Pipeline, spark, partitions: list[int], p
         latest = cp.latest()
         if latest is None:
             return None
-        if spec.derived:  # a stage over derived streams: from the upstream content it read
-            from .derived import recompute as recompute_derived
-
-            contents = recompute_derived(store, spec, spark, partitions)
-        elif spec.computations:  # user computations: their timeline replayed (computestage.py)
+        if spec.computations:  # user computations (over any input): their timeline replayed
             from .computestage import recompute as recompute_computations
 
             contents = recompute_computations(store, spec, spark, partitions, progress)
+        elif spec.derived:  # a stage over derived streams: from the upstream content it read
+            from .derived import recompute as recompute_derived
+
+            contents = recompute_derived(store, spec, spark, partitions)
         else:
             contents = recompute(store, spec, spark, partitions, progress)
         run_id = new_run_id()

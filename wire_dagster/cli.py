@@ -302,7 +302,11 @@ def tick(pipeline: str = PIPELINE):
     A failed run stops the tick with one line naming its cause (-v: Dagster's report)."""
     spec = _spec(pipeline)
     _store()
-    runs = _tick(spec)
+    runs: list[dict] = []
+    for each in [*_feeders(spec), spec]:  # a stage's raw inputs first: their generated pipelines
+        runs += _tick(each)
+        if any(r["status"] != "SUCCESS" for r in runs):
+            break
     if not runs:
         out.print("sensor requested no run")
     for r in runs:
@@ -311,6 +315,18 @@ def tick(pipeline: str = PIPELINE):
     for r in runs:
         if r["status"] != "SUCCESS":
             raise r["error"]
+
+
+def _feeders(spec) -> list:
+    """The pipelines generated for a stage's raw inputs (expand.py), from the stage's own file:
+    `wire tick` of the stage ticks them first, so one command brings it up to date."""
+    from .expand import feeders
+    from .spec import load_pipelines
+
+    names = feeders(spec)
+    if not names or not spec.source:
+        return []
+    return [p for p in load_pipelines(spec.source) if p.name in names]
 
 
 def _tick(spec) -> list[dict]:

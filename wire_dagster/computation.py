@@ -36,6 +36,26 @@ The guarantees, one sentence each (`run_key` implements them, for one key and on
 - The computation's output watermark is min(input W, its oldest pending timer): no record it
   will still produce from a timer is older than that (buffered records are all at or after W).
 
+**Over a derived stream** (the input is another pipeline's window, DESIGN §6): a record is a
+result row of the window — `key`, `window_start`, `window_end`, its aggregates, the pipeline's
+derived fields — at event time `window_end - 1`, keyed by the input's `key:`, and `_update`:
+
+- A row is delivered once its window fires upstream (the stage's W is the upstream's: it is
+  then behind W, never buffered), in event-time order per key, exactly once.
+- A late firing upstream replaces a row: the row is delivered again with its new values and
+  `_update: true` (late: `ctx.is_late`); a row gone upstream (a session merged into another,
+  a row the input's filter now refuses) is delivered once more, its last values, with
+  `_update: true, _retract: true`. This is what Flink's DataStream API gives a function after
+  a window with allowed lateness (every firing, late ones included, is an element downstream;
+  Flink's Table API marks them UPDATE_AFTER / DELETE, which `_update` / `_retract` mirror) and
+  Spark's update output mode: the row is known as soon as the window fires, not only once the
+  upstream's lateness has passed, and user code cannot be un-run, so the change is told to it.
+  A computation that wants final rows only keeps the row in `ctx.state` and sets a timer at
+  `window_end + the upstream's allowed lateness`: it fires once no late firing can change it.
+- Ids: a delivery's origin is the row's identity (input, key, window) and how many times it was
+  delivered before, so a produced record's id is the same on every retry, restart and rewind
+  (the sync replays the recorded upstream epochs: computestage.py).
+
 Nothing here imports Spark or Dagster: `run_key` is a pure function the Spark task calls per
 key (computestage.py) and tests call directly.
 """
@@ -74,24 +94,29 @@ class Computation:
 @dataclass(frozen=True)
 class Item:
     """A record of the input, as delivered to a computation: its event time, source position
-    (segment, chunk, row: unique in the stream, and the tie-break of equal times) and fields."""
+    (segment, chunk, row: unique in the stream, and the tie-break of equal times) and fields.
+    A row of a derived stream has no source position: `oid` names it instead (computestage's
+    `sync_changes`: the row's identity and how many times it was delivered before), and its
+    position is (input, window_start, delivery)."""
 
     t: int
     seg: str
     seq: int
     row: int
     record: dict
+    oid: str = ""
 
     @property
     def origin(self) -> str:
-        return f"r:{self.seg}/{self.seq}/{self.row}"
+        return self.oid or f"r:{self.seg}/{self.seq}/{self.row}"
 
     def to_json(self) -> list:
-        return [self.t, self.seg, self.seq, self.row, self.record]
+        body = [self.t, self.seg, self.seq, self.row, self.record]
+        return [*body, self.oid] if self.oid else body
 
     @classmethod
     def from_json(cls, x: list) -> Item:
-        return cls(int(x[0]), str(x[1]), int(x[2]), int(x[3]), x[4])
+        return cls(int(x[0]), str(x[1]), int(x[2]), int(x[3]), x[4], str(x[5]) if len(x) > 5 else "")
 
 
 @dataclass
@@ -223,7 +248,7 @@ def _flat(d: dict) -> bool:
 
 
 def _order(i: Item) -> tuple:
-    return (i.t, i.seg, i.seq, i.row)
+    return (i.t, i.seg, i.seq, i.row, i.oid)
 
 
 def _reason(e: BaseException) -> str:

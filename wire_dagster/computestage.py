@@ -1,8 +1,16 @@
 """Running user computations (DESIGN §6, computation.py) as a pipeline's epochs, on Spark.
 
-A pipeline with `computations:` reads one raw stream. Its epochs are planned exactly as the
-window engine's (reclock.py: offsets, watermark, idleness, back-pressure, replays after a
-rewind); each epoch then runs every computation per key:
+A pipeline with `computations:` reads one raw stream, or one derived stream (a window of another
+pipeline). Over a raw stream its epochs are planned exactly as the window engine's (reclock.py:
+offsets, watermark, idleness, back-pressure, replays after a rewind). Over a derived stream an
+epoch syncs the input to the upstream's latest committed epoch as derived.py's stages do
+(`derived.plan_epoch`: remap `{input: upstream epoch}`, W the upstream's, a replay after a rewind
+syncs to the recorded upstream epochs), reads the upstream partitions whose content changed (by
+their sha256), and delivers the rows that appeared or changed since the epoch before
+(`sync_changes`, per key; its memory of the rows not yet final is carried with the state); the
+record a computation gets is computation.py's "Over a derived stream". Each record (of either
+input) carries the pipeline's derived fields (`fields:`, as the windows see them). Each epoch
+then runs every computation per key:
 
 - **Spark, per key bucket.** The executors read the epoch's chunks (each record whole, as a
   JSON text, with its time, key and source position: `read_records`) and the carried per-key
@@ -36,11 +44,13 @@ records, state keys) and its output watermark; a carried file holds the counters
 partition since the first epoch (`partition_counters`, the Dagster metadata).
 
 A backfill (`recompute`) replays the recorded timeline through the same code with no state, in
-one Spark task.
+one Spark task (over a raw stream; over a derived stream a rewind replays the recorded upstream
+epochs, a backfill is not built yet).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +63,7 @@ from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, new_run_id
 from .computation import Computation, Item, KeyState, load_class, run_key
 from .errors import CommitConflict, ObjectNotFound, ObjectStoreError, WireError, WireInputError
-from .events import ERR, FILTERED, ID, KEY, RAW, REC, RECORDS, ROW, SRC, TIME
+from .events import ERR, FILTERED, ID, KEY, RECORDS, ROW, SRC, TIME
 from .faults import fault, pause
 from .kernel import DEAD_LETTER  # the dead letters' file, one schema for windows and computations
 from .manifest import Counts, FileRef, Manifest, SegmentRecord
@@ -61,11 +71,15 @@ from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
-from .spec import ComputationSpec, Pipeline
+from .spec import WINDOW_TIME, ComputationSpec, Pipeline
 from .streams import ChunkMeta, check_stream, read_inputs
-from .timeutil import NEG_INF, now_ms
+from .timeutil import INF, NEG_INF, now_ms
 
 SEG, SEQ, JSON = "_seg", "_seq", "_json"
+#: The `fmt` of a derived input's "chunk": an upstream window's partition file (read_upstream).
+UPSTREAM = -1
+#: A derived record's time is a committed window's: no ingestion time bounds it (derived.py's).
+_FAR = INF // 2
 STATE = "_computations"  # the carried state's name in the manifest's `state`
 PSTATS_STATE = "_computation_stats"  # ... and the counters per partition since epoch 1
 
@@ -98,6 +112,9 @@ PRODUCED_SCHEMA = pa.schema(
 #: An output partition's content: the produced rows without their output name.
 OUTPUT_SCHEMA = pa.schema([f for f in PRODUCED_SCHEMA if f.name != "output"])
 STAT_NAMES = ("delivered", "late", "fired", "errors", "produced", "buffered", "buffered_before", "state_keys")
+#: ... and what delivery set aside (`screen`): duplicate ids, and late records of a computation
+#: that makes them dead letters (the pass-through, passthrough.py).
+STAT_NAMES += ("duplicate", "dropped_late")
 STATS_SCHEMA = pa.schema(
     [("comp", pa.string())] + [(n, pa.int64()) for n in STAT_NAMES] + [("pending_timer", pa.int64())]
 )
@@ -121,6 +138,7 @@ class Loaded:
     classes: tuple[type, ...]
     directory: str | None
     partitioning: tuple[int, int] = (0, 3_600_000)  # (start, size) of the pipeline's partitions
+    lateness: int = 0  # the pipeline's allowed lateness (ms): `screen`'s id memory and late records
 
     def partition(self, t: int) -> int:
         """The start of the event-time partition holding `t` (partitions.of)."""
@@ -151,34 +169,75 @@ def load(spec: Pipeline) -> Loaded:
         if mod is not None and cls.__module__.startswith("wire_user_"):  # loaded from its file: shipped whole
             cloudpickle.register_pickle_by_value(mod)
         classes.append(cls)
-    return Loaded(spec.computations, tuple(classes), directory, (spec.start, spec.partition))
+    return Loaded(spec.computations, tuple(classes), directory, (spec.start, spec.partition), spec.allowed_lateness)
 
 
 # ---------------------------------------------------------------------------
 # Reading records (on the executors)
 
 
-def _record_texts(chunk: pa.Table) -> list[str | None]:
-    """Each record of a RECORDS chunk as JSON text: its line, or its Parquet columns."""
-    if RAW in chunk.column_names:
-        return [None if b is None else b.decode("utf-8") for b in chunk[RAW].to_pylist()]
-    return [None if r is None else json.dumps(r, default=str) for r in chunk[REC].to_pylist()]
+def _record_texts(reader: Pipeline, chunk: pa.Table) -> list[str | None]:
+    """Each record of a RECORDS chunk as JSON text, as the pipeline reads it: with its derived
+    fields (`fields:`, the same DuckDB evaluation as the events', extract.py) set as keys of its
+    line or columns of its Parquet row; a derived stream's rows without their `window_time`
+    (their time is `window_end - 1`: the row is key, window, aggregates and derived fields)."""
+    from .extract import _prepare, payload_of
+
+    payload = payload_of(chunk)
+    if reader.fields:
+        prepared, _, failed = _prepare(reader, payload)
+        if failed is None:  # else every record of the chunk is a dead letter: its text unused
+            payload = prepared
+    if isinstance(payload, pa.Table):
+        if WINDOW_TIME in payload.column_names and reader.time_field == WINDOW_TIME:
+            payload = payload.drop_columns([WINDOW_TIME])
+        return [json.dumps(r, default=_json_value) for r in payload.to_pylist()]
+    return [None if b is None else b.decode("utf-8") for b in payload.to_pylist()]
+
+
+def _json_value(v: object) -> object:
+    """A Parquet value JSON has no type for: a decimal (a derived field's SQL arithmetic) as a
+    number, anything else (a timestamp, bytes) as text."""
+    from decimal import Decimal
+
+    return float(v) if isinstance(v, Decimal) else str(v)
 
 
 def read_records(spec: Pipeline, fs, bucket: str, key: str, seg: str, seq: int, ingest: int, fmt: int) -> pa.Table:
     """One chunk as RECORD_SCHEMA rows: the pipeline's checks decide events, malformed and
-    filtered records (extract.py), and each event keeps its whole record as JSON text."""
-    from .extract import pipeline_events
+    filtered records (extract.py), and each event keeps its whole record as JSON text. A derived
+    input's "chunk" (`fmt` UPSTREAM) is an upstream window's partition file: `read_upstream`."""
     from .kernel import _read_key
 
+    if fmt == UPSTREAM:
+        return read_upstream(spec, fs, bucket, key, seg, seq)
     if fmt != RECORDS:
         raise WireError(
             f"chunk {key}: a computation reads chunks of records (written by `wire produce` since "
             "streams are shared); this chunk holds one pipeline's events only"
         )
-    chunk = _read_key(fs, bucket, key, None, [])
-    ev = pipeline_events(spec.reader_of(seg), chunk, ingest)
-    texts = _record_texts(chunk)
+    return _as_records(spec.reader_of(seg), _read_key(fs, bucket, key, None, []), ingest, seg, seq)
+
+
+def read_upstream(spec: Pipeline, fs, bucket: str, key: str, name: str, partition: int) -> pa.Table:
+    """An upstream window's partition file (derived input `name`) as RECORD_SCHEMA rows: each
+    result row a record (key, window_start, window_end, aggregates, and the pipeline's derived
+    fields), event time window_end - 1, read with the input's key and filter; its position is
+    (input, upstream partition, row in the file)."""
+    from .derived import records_chunk_of
+    from .kernel import _read_key
+
+    inp = next(i for i in spec.inputs if i.name == name)
+    t = _read_key(fs, bucket, key, None, [])
+    t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
+    return _as_records(spec.for_input(inp), records_chunk_of(t), _FAR, name, partition)
+
+
+def _as_records(reader: Pipeline, chunk: pa.Table, ingest: int, seg: str, seq: int) -> pa.Table:
+    from .extract import pipeline_events
+
+    ev = pipeline_events(reader, chunk, ingest)
+    texts = _record_texts(reader, chunk)
     at = {r: i for i, r in enumerate(chunk[ROW].to_pylist())}
     js = [texts[at[r]] if e is None else None for r, e in zip(ev[ROW].to_pylist(), ev[ERR].to_pylist(), strict=True)]
     ev = ev.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), ev.num_rows))
@@ -195,11 +254,115 @@ def _key_order(k: str | None) -> tuple[bool, str]:
     return (k is not None, k or "")
 
 
+# ---------------------------------------------------------------------------
+# A derived input: which upstream rows an epoch delivers
+
+
+#: The carried rows of a derived input's memory (`sync_changes`) are under this computation
+#: name, which no computation can have (a name has 1 to 64 characters).
+MEMORY = ""
+
+
+@dataclass(frozen=True)
+class Sync:
+    """An epoch of a pipeline whose input is a derived stream (an upstream window): per input,
+    the upstream partitions it read again (the ones whose content changed since the previous
+    epoch, removed ones included), the upstream's allowed lateness and its partitioning."""
+
+    read: dict[str, tuple[int, ...]]
+    lateness: dict[str, int]
+    partitioning: dict[str, tuple[int, int]]  # input -> (start, size) of the upstream's partitions
+
+    def partition(self, inp: str, t: int) -> int:
+        start, size = self.partitioning[inp]
+        return start + ((t - start) // size) * size
+
+
+def _identity(inp: str, rec: dict) -> str:
+    """A derived row's identity: its input and window (key, start, end), as the upstream's."""
+    return json.dumps([inp, rec.get("key"), rec.get("window_start"), rec.get("window_end")])
+
+
+def _delivery(inp: str, ident: str, rec: dict, n: int, retract: bool = False) -> Item:
+    """The n-th delivery (0: the first) of a derived row: its fields, `_update` (it replaces a
+    row delivered before) and, for a row gone upstream, `_retract`; its id, from its identity
+    and n, is the same on every replay."""
+    body = {**rec, "_update": n > 0}
+    if retract:
+        body["_retract"] = True
+    oid = "d:" + hashlib.sha256(ident.encode()).hexdigest()[:20] + f"/{n}"
+    return Item(int(rec["window_end"]) - 1, inp, int(rec["window_start"]), n, body, oid)
+
+
+def sync_changes(memory: dict, rows: list[Item], sync: Sync, w_prev: int, w_new: int) -> tuple[list[Item], dict]:
+    """One key's upstream rows of an epoch (`rows`: the rows of the partitions it read again, as
+    its input reads them) -> the deliveries (`_delivery`), and the key's memory after the epoch.
+
+    A row is delivered when it first appears (its window fired upstream) and again, with
+    `_update: true`, each time a late firing changes it; a row gone upstream (a session merged
+    into another, a row the input's filter now refuses) is delivered once more with
+    `_retract: true`. The memory holds, per row not yet final, its fields as last delivered and
+    how many times it was delivered: a row is final once the upstream's W passes its
+    window_end + the upstream's allowed lateness (no late firing can change it then), so the
+    memory is bounded by the upstream's open windows, and a row final before the epoch is never
+    delivered again (it was, when it appeared: it appears before it is final)."""
+    mem = dict(memory)
+    out: list[Item] = []
+    present = set()
+    for it in rows:
+        rec, inp = it.record, it.seg
+        if int(rec["window_end"]) + sync.lateness[inp] <= w_prev:
+            continue  # final before this epoch: delivered when it appeared
+        ident = _identity(inp, rec)
+        present.add(ident)
+        prior = mem.get(ident)
+        if prior is not None and prior[0] == rec:
+            continue  # unchanged (its partition changed for another row)
+        n = 0 if prior is None else int(prior[1])
+        out.append(_delivery(inp, ident, rec, n))
+        mem[ident] = [rec, n + 1]
+    for ident in sorted(memory):
+        inp = json.loads(ident)[0]
+        rec, n = memory[ident]
+        if ident not in present and sync.partition(inp, int(rec["window_end"]) - 1) in sync.read.get(inp, ()):
+            out.append(_delivery(inp, ident, rec, int(n), retract=True))
+            del mem[ident]
+
+    def live(ident: str) -> bool:
+        return int(mem[ident][0]["window_end"]) + sync.lateness[json.loads(ident)[0]] > w_new
+
+    return out, {i: mem[i] for i in sorted(mem) if live(i)}
+
+
+def _not_final(events: pa.Table, sync: Sync, w_prev: int) -> pa.Table:
+    """The rows of a derived input's partitions read again whose window was not final before the
+    epoch (`window_end + the upstream's lateness > W_prev`): a final one was delivered, filtered
+    or made a dead letter when it appeared, and is not again when its partition changes for
+    another row."""
+    lateness = pa.array([sync.lateness[s] for s in events[SEG].to_pylist()], pa.int64())
+    end_plus = pc.add(pc.add(events[TIME], 1), lateness)  # pyright: ignore[reportAttributeAccessIssue]
+    keep = pc.greater(end_plus, pa.scalar(w_prev, pa.int64()))  # pyright: ignore[reportAttributeAccessIssue]
+    return events.filter(pc.fill_null(keep, True))
+
+
 def run_bucket(
-    loaded: Loaded, comps: dict[str, Computation], events: pa.Table, carried: pa.Table, w_prev: int, w_new: int
+    loaded: Loaded,
+    comps: dict[str, Computation],
+    events: pa.Table,
+    carried: pa.Table,
+    w_prev: int,
+    w_new: int,
+    sync: Sync | None = None,
 ) -> dict[tuple[str, str], pa.Table]:
     """Every computation over the keys of `events` (RECORD_SCHEMA) and `carried` (CARRIED_SCHEMA):
-    tables ("produced", ""), ("carried", ""), ("dead", ""), ("stats", ""), ("n", "")."""
+    tables ("produced", ""), ("carried", ""), ("dead", ""), ("stats", ""), ("n", ""). With
+    `sync` (a derived input), `events` are the rows of the upstream partitions read again, and
+    each key's deliveries are `sync_changes`'s."""
+    if len(loaded.classes) == 1 and getattr(loaded.classes[0], "bucket", None) is not None:
+        # the pass-through (passthrough.py): the same tables, without per-record Python
+        return loaded.classes[0].bucket(loaded, events, carried, w_prev, w_new)
+    if sync is not None:
+        events = _not_final(events, sync, w_prev)
     err = events[ERR].to_pylist()
     n_filtered = sum(1 for e in err if e == FILTERED)
     bad = [i for i, e in enumerate(err) if e is not None and e != FILTERED]
@@ -229,20 +392,41 @@ def run_bucket(
         carried_by.setdefault(c, {})[k] = d
     produced: list[tuple] = []
     new_carried: list[tuple] = []
+    n_in = events.num_rows
+    if sync is not None:  # a derived input: the rows that changed, per key, and the memory
+        seen_rows = {k: json.loads(d) for k, d in carried_by.pop(MEMORY, {}).items()}
+        changes: dict[str | None, list[Item]] = {}
+        for k in sorted(set(by_key) | set(seen_rows), key=_key_order):
+            items, mem = sync_changes(seen_rows.get(k, {}), by_key.get(k, []), sync, w_prev, w_new)
+            if items:
+                changes[k] = items
+            if mem:
+                new_carried.append((MEMORY, k, json.dumps(mem, sort_keys=True, separators=(",", ":"))))
+        by_key = changes
+        n_in = sum(len(v) for v in changes.values()) + len(bad) + n_filtered
     stats = []
     pstats: dict[tuple[str, int], list[int]] = {}
 
     def bump(comp: str, t: int, i: int) -> None:
         pstats.setdefault((comp, loaded.partition(t)), [0] * len(PSTATS))[i] += 1
 
-    for c in loaded.specs:
+    ids = _ids_at(good)
+    for n_comp, c in enumerate(loaded.specs):
         mine = carried_by.get(c.name, {})
+        memory = carried_by.get(IDS_PREFIX + c.name, {})
+        drops_late = bool(getattr(loaded.classes[n_comp], "late_dead_letters", False))
         st = dict.fromkeys(STAT_NAMES, 0)
         pending: int | None = None
-        for k in sorted(set(by_key) | set(mine), key=_key_order):
+        for k in sorted(set(by_key) | set(mine) | set(memory), key=_key_order):
             before = KeyState.from_json(mine.get(k))
             st["buffered_before"] += len(before.buffer)
-            res = run_key(comps[c.name], c.name, c.outputs, k, before, by_key.get(k, []), w_prev, w_new)
+            sc = screen(c.name, by_key.get(k, []), ids, memory.get(k), loaded.lateness, drops_late, w_prev, w_new)
+            dead_rows += sc.dead
+            st["duplicate"] += sc.duplicate
+            st["dropped_late"] += sc.late
+            if sc.memory is not None:
+                new_carried.append((IDS_PREFIX + c.name, k, sc.memory))
+            res = run_key(comps[c.name], c.name, c.outputs, k, before, sc.items, w_prev, w_new)
             st["delivered"] += res.delivered
             st["late"] += res.late
             st["fired"] += res.fired
@@ -306,13 +490,97 @@ def run_bucket(
         ),
         ("n", ""): pa.table(
             {
-                "events_in": pa.array([events.num_rows], pa.int64()),
+                "events_in": pa.array([n_in], pa.int64()),
                 "malformed": pa.array([len(bad)], pa.int64()),
                 "filtered": pa.array([n_filtered], pa.int64()),
             }
         ),
     }
     return out
+
+
+# ---------------------------------------------------------------------------
+# Before delivery: duplicate ids, and late records of the pass-through
+
+#: The carried rows of a computation's id memory: `comp` is this prefix and its name, `data` the
+#: key's ids with the time each is forgotten ({id: expires}, JSON).
+IDS_PREFIX = "ids:"
+
+
+def _ids_at(good: pa.Table) -> dict[tuple[str, int, int], str]:
+    """The id of each event that has one, by source position (segment, chunk, row)."""
+    if ID not in good.column_names or good[ID].null_count == good.num_rows:
+        return {}
+    g = good.select([SEG, SEQ, ROW, ID]).to_pydict()
+    return {(s, q, r): i for s, q, r, i in zip(g[SEG], g[SEQ], g[ROW], g[ID], strict=True) if i is not None}
+
+
+@dataclass(frozen=True)
+class Screened:
+    """One key's records of an epoch for one computation, after `screen`."""
+
+    items: list[Item]  # to deliver
+    dead: list[dict]  # DEAD_LETTER rows: duplicates and (pass-through) late records
+    memory: str | None  # the key's id memory after the epoch (JSON; None: empty)
+    duplicate: int
+    late: int
+
+
+def screen(
+    comp: str,
+    items: list[Item],
+    ids: dict[tuple[str, int, int], str],
+    memory: str | None,
+    lateness: int,
+    drops_late: bool,
+    w_prev: int,
+    w_new: int,
+) -> Screened:
+    """What of one key's records of the epoch reaches computation `comp` (MillWheel's
+    exactly-once delivery, DESIGN §1 Duplicates):
+
+    - a record whose id was counted already — earlier in the epoch (the first by source
+      position counts) or in an earlier epoch (the key's id memory) — is a dead letter
+      `duplicate`, never delivered: a producer may retry an append;
+    - where the computation asks (`late_dead_letters`: the pass-through of a stage's raw input),
+      a record behind W_prev by more than the allowed lateness (`t + lateness < W_prev`) is a
+      dead letter `late`, as the window engine's (its instant [t, t + 1) is past lateness);
+      a user computation receives late records (`ctx.is_late`).
+
+    As in the window engine, a repeat within the epoch is a duplicate even of a late record,
+    and the memory keeps an id while `t + lateness + 1 > W` (the window engine: while a window
+    that counted it can change): a repeat after that is late. So it is bounded by the records
+    within lateness of W and the records still waiting for W (all at or after it). The
+    pass-through's vectorised delivery (passthrough.bucket) implements the same rules."""
+    kept: dict[str, int] = json.loads(memory) if memory else {}
+    out, dead = [], []
+    dup = late = 0
+    for item in sorted(items, key=lambda i: (i.seg, i.seq, i.row)):
+        rid = ids.get((item.seg, item.seq, item.row))
+        reason = None
+        if rid is not None and rid in kept:  # remembered, or earlier in the epoch (late or not)
+            reason, dup = "duplicate", dup + 1
+        else:
+            if rid is not None:
+                kept[rid] = item.t + lateness + 1
+            if drops_late and item.t + lateness < w_prev:
+                reason, late = "late", late + 1
+        if reason is None:
+            out.append(item)
+            continue
+        dead.append(
+            {
+                "reason": reason,
+                "window": comp if reason == "late" else None,
+                "event": json.dumps(item.record, sort_keys=True),
+                "event_time": item.t,
+                "segment": item.seg,
+                "chunk": item.seq,
+                "row": item.row,
+            }
+        )
+    left = {i: e for i, e in sorted(kept.items()) if e > w_new}
+    return Screened(out, dead, json.dumps(left, separators=(",", ":")) if left else None, dup, late)
 
 
 # ---------------------------------------------------------------------------
@@ -388,15 +656,19 @@ def compute(
     carried_rows: int,
     epochs: list[tuple[list[ChunkMeta], int, int]],
     single_task: bool | None = None,
+    sync: tuple[Sync, list[tuple[str, str, int, int, int]]] | None = None,
 ) -> list[EpochOut]:
     """One Spark job: every epoch of `epochs` (chunks, W before, W after) in one task, carrying
-    the state in memory, when they fit one worker; else the one epoch by key bucket."""
+    the state in memory, when they fit one worker; else the one epoch by key bucket. `sync`: the
+    one epoch of a derived input (its Sync and the upstream files it reads, as chunk keys with
+    format UPSTREAM; `epochs`' chunks are then empty); one task unless `single_task` is False."""
     from .bucketkernel import PACKED_DDL, pack, unpack
 
     src = _Source(store.fs_options(), store.bucket, spec)
-    keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs]
+    keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [sync[1]]
+    how = sync[0] if sync is not None else None
     if single_task is None:
-        single_task = len(epochs) > 1 or reclock.one_task(epochs[0][0], carried_rows)
+        single_task = sync is not None or len(epochs) > 1 or reclock.one_task(epochs[0][0], carried_rows)
     pause("before-spark")
     if single_task:
         windows = [(w_prev, w_new) for _, w_prev, w_new in epochs]
@@ -410,7 +682,7 @@ def compute(
             comps = loaded.instances()
             carried = src.carried(fs, carried_key)
             for i, (w_prev, w_new) in enumerate(windows):
-                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new)
+                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new, how)
                 carried = out[("carried", "")]
                 yield from pack(out, epoch=i).to_batches()
 
@@ -418,11 +690,13 @@ def compute(
         return [_gather(t) for t in unpack(packed, len(epochs))]
     assert len(epochs) == 1, "a job of several epochs runs as one task"
     (_, w_prev, w_new) = epochs[0]
-    packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new).toArrow()
+    packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, how).toArrow()
     return [_gather(unpack(packed)[0])]
 
 
-def _bucketed(spark, src: _Source, loaded: Loaded, keys: list, carried_key: str | None, w_prev: int, w_new: int):
+def _bucketed(
+    spark, src: _Source, loaded: Loaded, keys: list, carried_key: str | None, w_prev: int, w_new: int, how=None
+):
     """Spark reads the chunks and the carried state on the executors, brings each key bucket's
     rows together (cogroup) and one Python worker runs `run_bucket` over them."""
     from pyspark.sql import functions as F
@@ -453,7 +727,7 @@ def _bucketed(spark, src: _Source, loaded: Loaded, keys: list, carried_key: str 
         comps = loaded.instances()
         ev = ev.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
         ca = ca.select(CARRIED_SCHEMA.names).cast(CARRIED_SCHEMA)
-        return pack(run_bucket(loaded, comps, ev, ca, w_prev, w_new))
+        return pack(run_bucket(loaded, comps, ev, ca, w_prev, w_new, how))
 
     def bucket(col: str):
         return F.pmod(F.xxhash64(F.col(col)), F.lit(buckets))
@@ -489,6 +763,8 @@ def process(
 
     keep_epochs = settings.keep_epochs(spec, keep_epochs)
     loaded = load(spec)  # before anything else: a class that cannot be imported is one line
+    if spec.derived:
+        return _process_synced(store, spec, spark, loaded, max_epochs, run_id, keep_epochs, single_task)
     check_stream(store, spec)
     cp = Checkpoints(store, spec.name)
     prev = cp.latest()
@@ -517,7 +793,7 @@ def process(
                 raise down from None
             raise
         for plan, res in zip(batch, results, strict=True):
-            m = _commit(store, cp, spec, prev, run_id or new_run_id(), plan, res)
+            m = _commit(store, cp, spec, prev, run_id or new_run_id(), _raw_head(spec, plan), res)
             run_id = None
             out.committed.append(m.epoch)
             out.manifest = prev = m
@@ -529,6 +805,136 @@ def process(
     offsets = prev.remap if prev else {}
     out.pending = sum(len(v.chunks) for v in read_inputs(store, spec, offsets).values())
     return out
+
+
+def _process_synced(
+    store: ObjectStore,
+    spec: Pipeline,
+    spark,
+    loaded: Loaded,
+    max_epochs: int,
+    run_id: str | None,
+    keep_epochs: int,
+    single_task: bool | None,
+) -> Outcome:
+    """`process` for a pipeline whose input is a derived stream: each epoch syncs the input to
+    its upstream's latest committed epoch (a replay after a rewind: to the recorded one) as
+    derived.py's stages do (`derived.plan_epoch`: remap `{input: upstream epoch}`, W the
+    upstream's), reads the upstream partitions whose content changed, and delivers the rows that
+    changed (`sync_changes`), per key, to the computations."""
+    from .derived import plan_epoch
+    from .sparksession import started_session
+
+    ups = synced_upstreams(spec)
+    cp = Checkpoints(store, spec.name)
+    prev = cp.latest()
+    out = Outcome(manifest=prev)
+    if prev is not None:
+        out.repaired = cp.publish(prev)
+    changed: dict[str, set[int]] = {}
+    while len(out.committed) < max_epochs:
+        plan = plan_epoch(store, spec, ups, prev)
+        if plan is None:
+            break
+        ref = prev.state.get(STATE) if prev else None
+        carried_key = ref.key if ref is not None and ref.rows else None
+        sync, files = _sync_of(ups, plan, prev)
+        spark = started_session(spark)
+        epochs: list[tuple[list[ChunkMeta], int, int]] = [([], plan.w_prev, plan.w_new)]
+        rows = ref.rows if ref else 0
+        res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, (sync, files))
+        m = _commit(store, cp, spec, prev, run_id or new_run_id(), _synced_head(spec, ups, plan), res[0])
+        run_id = None
+        out.committed.append(m.epoch)
+        out.manifest = prev = m
+        for w, ps in m.changed.items():
+            changed.setdefault(w, set()).update(ps)
+    if out.committed and prev is not None:
+        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
+        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+    return out
+
+
+def synced_upstreams(spec: Pipeline) -> list:
+    """The upstream windows of a computation pipeline's derived input (derived.upstreams); one
+    line for what a computation cannot read yet: a join's rows (several per window) or another
+    computation's records (no window identity: a record could not be told from its update)."""
+    from .derived import upstreams
+
+    ups = upstreams(spec)
+    for u in ups:
+        if u.window.type in ("join", "output"):
+            what = "a join's rows" if u.window.type == "join" else "another computation's output"
+            raise WireInputError(
+                f"inputs.{u.input.name}: a computation over {what} ({u.spec.name}.{u.window.name}) is not built "
+                "yet; read a tumbling, sliding or session window"
+            )
+    return ups
+
+
+def _sync_of(ups: list, plan, prev: Manifest | None) -> tuple[Sync, list[tuple[str, str, int, int, int]]]:
+    """The Sync of a planned derived epoch, and the upstream files it reads: the partitions whose
+    content changed since the previous epoch (by sha256, as derived.py tells them)."""
+    read: dict[str, tuple[int, ...]] = {}
+    files = []
+    for u in ups:
+        name = u.input.name
+        before = prev.upstream.get(name, {}) if prev else {}
+        now = plan.refs[name]
+        parts = sorted(
+            (p for p in set(before) | set(now) if before.get(p) != (now[p].sha256 if p in now else None)), key=int
+        )
+        read[name] = tuple(int(p) for p in parts)
+        files += [(now[p].key, name, int(p), 0, UPSTREAM) for p in parts if p in now and now[p].rows]
+    sync = Sync(
+        read,
+        {u.input.name: u.spec.allowed_lateness for u in ups},
+        {u.input.name: (u.spec.start, u.spec.partition) for u in ups},
+    )
+    return sync, files
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What an epoch's manifest records of its input, however it was planned (raw chunks,
+    reclock.py; or upstream commits, derived.py): its number, watermarks, the partitions it made
+    ready, and the manifest's fields of where it read."""
+
+    epoch: int
+    w_prev: int
+    w_new: int
+    ready: list[int]
+    where: dict
+
+
+def _raw_head(spec: Pipeline, plan: reclock.Planned) -> _Head:
+    clock = plan.clock
+    lo_t = min((c.min_t for c in plan.chunks if c.min_t is not None), default=None)
+    ready = partitions.became_ready(spec, plan.w_prev, clock.watermark, clock.max_t, lo_t)
+    where = {
+        "remap": clock.remap,
+        "segments": {s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
+        "segment_watermarks": clock.segment_watermarks,
+        "decisions": dict(clock.decisions),
+        "chunks": {s: [v[0].seq, v[-1].seq] for s, v in plan.taken.items() if v},
+        "replay": None,  # the previous manifest's, less the epoch replayed
+    }
+    return _Head(plan.epoch, plan.w_prev, clock.watermark, ready, where)
+
+
+def _synced_head(spec: Pipeline, ups: list, plan) -> _Head:
+    from .derived import _data_bounds  # the sensor's bounds (derived.predict): the same partitions
+
+    ready = partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups))
+    where = {
+        "remap": plan.targets,
+        "segments": {},
+        "segment_watermarks": plan.watermarks,
+        "decisions": {},
+        "replay": list(plan.replay),
+        "upstream": {name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()},
+    }
+    return _Head(plan.epoch, plan.w_prev, plan.w_new, ready, where)
 
 
 def _store_down(store: ObjectStore, epoch: int) -> ObjectStoreError | None:
@@ -554,6 +960,11 @@ def recompute(
     from .sparksession import started_session
     from .streams import views_from
 
+    if spec.derived:
+        raise WireInputError(
+            f"cannot backfill {spec.name}: a backfill of a computation over a derived stream is not built yet; "
+            "rewind it (wire rewind) to replay the recorded upstream epochs"
+        )
     loaded = load(spec)
     contents: dict[str, dict[int, pa.Table | None]] = {w.name: dict.fromkeys(partitions_) for w in spec.windows}
     cp = Checkpoints(store, spec.name)
@@ -607,12 +1018,12 @@ def _commit(
     spec: Pipeline,
     prev: Manifest | None,
     run_id: str,
-    plan: reclock.Planned,
+    head: _Head,
     res: EpochOut,
 ) -> Manifest:
     """Stage the epoch's produced records (per output partition), carried state and dead
     letters, then prepare and commit its manifest."""
-    epoch, clock, w_prev = plan.epoch, plan.clock, plan.w_prev
+    epoch = head.epoch
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
@@ -634,10 +1045,8 @@ def _commit(
                 first = False
             outputs[w.name][str(p)] = ref
             changed[w.name].append(p)
-    lo_t = min((c.min_t for c in plan.chunks if c.min_t is not None), default=None)
-    ready = partitions.became_ready(spec, w_prev, clock.watermark, clock.max_t, lo_t)
     for w in spec.windows:
-        changed[w.name] = sorted(set(changed[w.name]) | set(ready))
+        changed[w.name] = sorted(set(changed[w.name]) | set(head.ready))
     fault("after-staging")
     state = {}
     fault("during-state-snapshot")
@@ -660,10 +1069,14 @@ def _commit(
         events_in=res.n["events_in"],
         malformed=res.n["malformed"],
         filtered=res.n["filtered"],
+        # per computation, delivery sets the same duplicates aside (one input, the same ids)
+        duplicate=max((int(stats.get(c.name, {}).get("duplicate", 0)) for c in spec.computations), default=0),
         counted=counted,
-        late={c.name: 0 for c in spec.computations},
+        late={c.name: int(stats.get(c.name, {}).get("dropped_late", 0)) for c in spec.computations},
     )
-    decisions = dict(clock.decisions)
+    where = dict(head.where)
+    if where.get("replay") is None:
+        where["replay"] = list(prev.replay)[1:] if prev else []
     manifest = Manifest(
         pipeline=spec.name,
         epoch=epoch,
@@ -672,22 +1085,17 @@ def _commit(
         kind="process",
         fingerprint=spec.fingerprint(),
         config=spec.model_dump(mode="json", exclude={"source"}),
-        remap=clock.remap,
-        segments={s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
-        segment_watermarks=clock.segment_watermarks,
-        decisions=decisions,
-        watermark=clock.watermark,
-        prev_watermark=w_prev,
-        chunks={s: [v[0].seq, v[-1].seq] for s, v in plan.taken.items() if v},
+        watermark=head.w_new,
+        prev_watermark=head.w_prev,
         outputs=outputs,
         changed={w: ps for w, ps in changed.items() if ps},
         state=state,
         dead_letters=dls,
         counts=counts,
         totals=(prev.totals if prev else Counts()).add(counts),
-        replay=list(prev.replay)[1:] if prev else [],
-        computed=_computed(spec, res, clock.watermark),
+        computed=_computed(spec, res, head.w_new),
         created_ms=now_ms(),
+        **where,
     )
     cp.prepare(manifest)
     fault("after-manifest")
@@ -746,35 +1154,6 @@ def _computed(spec: Pipeline, res: EpochOut, w: int) -> dict[str, dict[str, int]
         body["output_watermark"] = w if pend is None else min(w, pend)
         out[c.name] = body
     return out
-
-
-def output_watermark(m: Manifest | None) -> int:
-    """The pipeline's output watermark after committed epoch `m`: the least over its computations."""
-    if m is None:
-        return NEG_INF
-    marks = [int(v.get("output_watermark", m.watermark)) for v in m.computed.values()]
-    return min(marks, default=m.watermark)
-
-
-def record_columns(rows: pa.Table) -> pa.Table:
-    """An output's rows with each record's top-level fields as columns (typed by pyarrow's JSON
-    reader; a field that clashes with a row column is left in `record`): what a derived stream of
-    a computation's output reads, so its windows aggregate the records' fields."""
-    import io
-
-    import pyarrow.json as pj
-
-    if not rows.num_rows:
-        return rows
-    text = "\n".join(rows["record"].to_pylist()).encode()
-    try:
-        fields = pj.read_json(io.BytesIO(text))
-    except pa.ArrowInvalid:  # a field of changing type: the records stay JSON text
-        return rows
-    for name in fields.column_names:
-        if name not in rows.column_names and name != "window_time":
-            rows = rows.append_column(name, fields[name])
-    return rows
 
 
 def read_output(store: ObjectStore, spec: Pipeline, output: str) -> list[dict]:

@@ -201,9 +201,7 @@ def _upstream_watermark(u: Upstream, m: Manifest | None) -> int:
     if m is None:
         return NEG_INF
     if u.window.type == "output":
-        from .computestage import output_watermark
-
-        return output_watermark(m)
+        return m.output_watermark()
     return m.watermark
 
 
@@ -391,14 +389,17 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     (their records as the pipeline reads them) and aggregate them with the kernel's code; one
     task per block of event time (`_blocks`), one task in all for a few files."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
-    from .computestage import record_columns
     from .events import ERR, KEY, ROW, TIME, chunk_schema
+    from .expand import is_generated
     from .extract import pipeline_events
     from .kernel import _fs, _read_key
 
-    computed_inputs = {u.input.name for u in ups if u.window.type == "output"}
+    passed = {u.input.name for u in ups if is_generated(u.spec)}  # a raw input read through s__i
+    computed_inputs = {u.input.name for u in ups if u.window.type == "output"} - passed
     blocks = _blocks(spec, ups, _files(spec, ups, plan), settings.derived_block_files())
     readers = {u.input.name: record_spec(spec, u.input) for u in ups}
+    for name in passed:  # their records carry the stage's fields already (set where they were read)
+        readers[name] = readers[name].model_copy(update={"fields": ()})
     opts, bucket = store.fs_options(), store.bucket
     schema = chunk_schema(spec).append(pa.field(SEG, pa.string())).append(pa.field(SEQ, pa.int64()))
 
@@ -417,10 +418,14 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         records: dict[str, list[pa.Table]] = {}  # input -> its rows as read (for joins): columns + _key, _t
         for name, p, key in block.reads:
             t = _read_key(fs, bucket, key, None, [])
-            if name in computed_inputs:  # a computation's records: their fields as columns
-                t = record_columns(t)
-            t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
-            ev = pipeline_events(readers[name], records_chunk_of(t), _FAR)
+            chunk = None
+            if name in passed:  # a raw input's records, as the raw stream holds them
+                t, chunk = passed_records(t)
+            else:
+                if name in computed_inputs:  # a computation's records: their fields as columns
+                    t = record_columns(t)
+                t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
+            ev = pipeline_events(readers[name], chunk if chunk is not None else records_chunk_of(t), _FAR)
             good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
             owned += good.num_rows if key in block.owns else 0
             if joins:
@@ -466,7 +471,92 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     return rows, n
 
 
+def record_columns(rows: pa.Table) -> pa.Table:
+    """An output's rows with each record's top-level fields as columns (typed by pyarrow's JSON
+    reader; a field that clashes with a row column is left in `record`): what a derived stream of
+    a computation's output reads, so its windows aggregate the records' fields."""
+    import io
+
+    import pyarrow.json as pj
+
+    if not rows.num_rows:
+        return rows
+    text = "\n".join(rows["record"].to_pylist()).encode()
+    try:
+        fields = pj.read_json(io.BytesIO(text))
+    except pa.ArrowInvalid:  # a field of changing type: the records stay JSON text
+        return rows
+    for name in fields.column_names:
+        if name not in rows.column_names and name != "window_time":
+            rows = rows.append_column(name, fields[name])
+    return rows
+
+
 JOIN_KEY, JOIN_T = "__wire_key", "__wire_t"  # a record's key and event time, beside its columns
+
+
+def passed_records(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The `records` output of a pipeline generated for a stage's raw input (expand.py) as the
+    raw records themselves, at their event time (a record produced at t is the row [t, t + 1)):
+
+    - as a RECORDS chunk of JSON lines (events.py), each record's line with its `window_time`,
+      so the stage's windows read them as the window engine reads a stream's JSON lines (the
+      same types, checks and reasons, record by record: extract.py);
+    - as a table of the records' fields and `window_time`, the columns a join selects from:
+      values keep their JSON types (text stays text, where the JSON reader would make ISO-8601
+      text a timestamp); a field whose values have several JSON types is its values' JSON text.
+
+    The output's own columns (key, window, id, record) are not the record's: a raw field may
+    bear one of their names (NEXMark's `id`)."""
+    from .events import ID, RAW, ROW, TIME
+
+    time = pc.subtract(rows["window_end"], 1)  # pyright: ignore[reportAttributeAccessIssue]
+    texts = rows["record"].to_pylist()
+    lines = [
+        f'{{"{WINDOW_TIME}":{t}' + ("," + x[1:] if x.strip() != "{}" else "}")
+        for t, x in zip(time.to_pylist(), texts, strict=True)
+    ]
+    chunk = pa.table(
+        {
+            TIME: time,
+            ID: pa.nulls(rows.num_rows, pa.string()),
+            ROW: pa.array(range(rows.num_rows), pa.int64()),
+            RAW: pa.array([x.encode() for x in lines], pa.large_binary()),
+        }
+    )
+    return _record_fields(texts).append_column(WINDOW_TIME, time), chunk
+
+
+def _record_fields(texts: list[str]) -> pa.Table:
+    """JSON objects as columns of their JSON types (see `passed_records`)."""
+    import io
+    import json
+
+    import pyarrow.json as pj
+
+    if not texts:
+        return pa.table({})
+    data = io.BytesIO("\n".join(texts).encode())
+    try:
+        fields = pj.read_json(data)
+        stamps = [f for f in fields.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
+        if stamps:  # read again with those fields as text
+            data.seek(0)
+            explicit = pa.schema([pa.field(f.name, pa.string()) for f in stamps])
+            opts = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
+            fields = pj.read_json(data, parse_options=opts)
+    except pa.ArrowInvalid:  # a field of several JSON types: column by column, in Python
+        recs = [json.loads(x) for x in texts]
+        names = list(dict.fromkeys(k for r in recs for k in r))
+        cols = {}
+        for k in names:
+            vals = [r.get(k) for r in recs]
+            try:
+                cols[k] = pa.array(vals)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                cols[k] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals], pa.string())
+        fields = pa.table(cols)
+    return fields.drop_columns([c for c in fields.column_names if c == WINDOW_TIME])
 
 
 def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:

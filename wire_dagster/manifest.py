@@ -115,6 +115,12 @@ class Manifest(BaseModel):
     def to_bytes(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1).encode()
 
+    def output_watermark(self) -> int:
+        """The pipeline's output watermark after this epoch: W, or with computations the least of
+        their output watermarks (min of W and each one's oldest pending timer, computestage.py)."""
+        marks = [int(v.get("output_watermark", self.watermark)) for v in self.computed.values()]
+        return min(marks, default=self.watermark)
+
     def files(self) -> list[FileRef]:
         out = [f for parts in self.outputs.values() for f in parts.values()]
         out += list(self.state.values()) + list(self.dead_letters)

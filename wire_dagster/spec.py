@@ -2,6 +2,12 @@
 
 Every mistake raises `WireInputError` with one line naming the field and the
 fix. Validation happens at construction (pydantic), never later.
+
+A file may declare more than one pipeline: a stage with a join or a derived input that also
+reads raw streams is expanded where files load (`load_pipelines`, the one loader of
+`find_pipeline`, `readers_of` and `load_all`) into a generated pipeline `<stage>__<input>` per
+raw input, committing that stream's accepted records, and the stage reading those as derived
+inputs (expand.py). Every other file declares one pipeline, as it always did.
 """
 
 from __future__ import annotations
@@ -224,7 +230,9 @@ class Pipeline(BaseModel):
 
     @property
     def derived(self) -> tuple[Input, ...]:
-        """The pipeline's derived inputs (other pipelines' windows); then it has no raw one."""
+        """The pipeline's derived inputs (other pipelines' windows); then it has no raw one (a
+        file's raw inputs beside derived ones, or joined, are read through generated pipelines
+        and rewritten as derived inputs of them when the file loads: expand.py)."""
         return tuple(i for i in self.inputs if i.pipeline)
 
     @property
@@ -245,6 +253,13 @@ class Pipeline(BaseModel):
     def own_stream(self, action: str) -> str:
         """The one raw stream the pipeline reads, to `action` (produce to, close) by the pipeline's
         name; one line naming what it reads instead (several streams, or other pipelines' windows)."""
+        from .expand import feeders
+
+        if fed := feeders(self):  # a stage's raw inputs, read through generated pipelines (expand.py)
+            raise WireInputError(
+                f"--pipeline: {self.name!r} reads its raw streams through {', '.join(fed)}; "
+                f"{action} each stream with --stream (or --pipeline {fed[0]})"
+            )
         if self.derived:
             raise WireInputError(
                 f"--pipeline: {self.name!r} reads other pipelines' windows, not a stream; {action} their streams"
@@ -513,6 +528,29 @@ def _join(raw: dict, name: str, where: str) -> WindowSpec:
 
 
 def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
+    """The pipeline a file's mapping declares; a stage with raw inputs that needs a derived
+    stage's semantics (a join, or a derived input beside them) as the loader expands it
+    (expand.py): its raw inputs read through the generated pipelines, which are checked too."""
+    return pipelines_from_dict(raw, source)[-1]
+
+
+def pipelines_from_dict(raw: object, source: str | None = None) -> list[Pipeline]:
+    """Every pipeline a file's mapping declares: the one, or the pipelines generated for a
+    stage's raw inputs (expand.py) and then the stage."""
+    from .expand import expand, needs_expansion
+
+    if needs_expansion(raw):
+        assert isinstance(raw, dict)
+        # the names the generated pipelines' names are made of, checked before they are used
+        check_name(_req(raw, "name", "pipeline"), "name")
+        for n, inp in enumerate(raw.get("inputs") or []):
+            if isinstance(inp, dict) and "pipeline" not in inp and "output" not in inp:
+                check_name(_req(inp, "name", f"inputs[{n}]"), f"inputs[{n}].name")
+        return [_pipeline_from_dict(d, source) for d in expand(raw)]
+    return [_pipeline_from_dict(raw, source)]
+
+
+def _pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
     if not isinstance(raw, dict):
         raise WireInputError("pipeline file: expected a YAML mapping with name, stream, event, windows")
     allowed = {
@@ -570,15 +608,12 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             )
         if w.type != "join":
             continue
-        if not inputs[0].pipeline:
-            raise WireInputError(
-                f"windows.{w.name}: a join of raw streams is not built yet; join derived streams "
-                "(the windows of pipelines that read the raw streams)"
-            )
-        for side in (w.left, w.right):
+        # (a join of raw streams never reaches here: the loader expands its raw inputs, expand.py)
+        for side, which in ((w.left, "left"), (w.right, "right")):
             if side not in {i.name for i in inputs}:
                 raise WireInputError(
-                    f"windows.{w.name}: no input named {side!r}; choose one of: " + ", ".join(i.name for i in inputs)
+                    f"windows.{w.name}.{which}: no input named {side!r}; a join's sides are inputs of the "
+                    "pipeline, choose one of: " + ", ".join(i.name for i in inputs)
                 )
     if inputs[0].pipeline and any(w.type == "session" for w in windows):
         raise WireInputError(
@@ -671,10 +706,10 @@ def _computations(raw: dict, inputs: list[Input]) -> tuple[ComputationSpec, ...]
             "computations: windows and computations in one pipeline are not built yet; put the windows in a "
             "pipeline of their own (streams are shared: both read the same stream)"
         )
-    if inputs[0].pipeline or len(inputs) > 1:
+    if len(inputs) > 1:
         raise WireInputError(
-            "computations: a computation over a derived stream or several inputs is not built yet; "
-            "read one raw stream (stream + event, or one input)"
+            "computations: a computation over several inputs is not built yet; read one raw stream "
+            "(stream + event, or one input) or one derived stream (an input with pipeline and output)"
         )
     out: list[ComputationSpec] = []
     for i, c in enumerate(comps):
@@ -756,11 +791,7 @@ def _inputs(raw: dict, name: str) -> list[Input]:
             continue
         stream = check_name(inp.get("stream") or label, f"inputs.{label}.stream")
         out.append(_raw_input(label, stream, inp, f"inputs.{label}"))
-    if any(o.pipeline for o in out) and not all(o.pipeline for o in out):
-        raise WireInputError(
-            "inputs: raw streams and derived streams in one pipeline are not built yet; "
-            "read the raw stream in a pipeline of its own and derive from its window"
-        )
+    # (raw and derived inputs in one stage never reach here: the loader expands them, expand.py)
     return out
 
 
@@ -912,6 +943,13 @@ def _orchestration(raw: object) -> Orchestration:
 
 
 def load_pipeline(path: str | Path) -> Pipeline:
+    """The pipeline a file declares (a stage with raw inputs: as expanded, expand.py)."""
+    return load_pipelines(path)[-1]
+
+
+def load_pipelines(path: str | Path) -> list[Pipeline]:
+    """Every pipeline a file declares: its own, preceded by those generated for a stage's raw
+    inputs (expand.py). The one loader of `find_pipeline`, `readers_of` and `load_all`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -923,7 +961,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise WireInputError(f"pipeline file {p.name}: invalid YAML{where}") from None
-    return pipeline_from_dict(raw, source=str(p))
+    return pipelines_from_dict(raw, source=str(p))
 
 
 def pipelines_dir(default: str | None = None) -> Path:
@@ -945,11 +983,10 @@ def find_pipeline(name_or_path: str, directory: Path | None = None) -> Pipeline:
     found = []
     for cand in _pipeline_files(d):
         try:
-            spec = load_pipeline(cand)
+            specs = load_pipelines(cand)
         except WireInputError:
             continue
-        if spec.name == name_or_path:
-            found.append(spec)
+        found += [s for s in specs if s.name == name_or_path]
     if not found:
         raise WireInputError(
             f"--pipeline: no pipeline named {name_or_path!r} in {str(d)!r}; pass a YAML path or set WIRE_PIPELINES"
@@ -965,10 +1002,10 @@ def readers_of(stream: str, directory: Path | None = None) -> list[Pipeline]:
     found = []
     for cand in _pipeline_files(directory or pipelines_dir()):
         try:
-            spec = load_pipeline(cand)
+            specs = load_pipelines(cand)
         except WireInputError:
             continue
-        found += [r for r in spec.readers.values() if r.stream == stream]  # as each reads it
+        found += [r for spec in specs for r in spec.readers.values() if r.stream == stream]  # as each reads it
     return found
 
 
@@ -992,7 +1029,7 @@ def load_all(path: Path) -> list[Pipeline]:
     """Every pipeline file in a directory, or the one file `path` names; a bad file raises (the
     code location must not hide it), and so do two files that declare the same pipeline name."""
     path = Path(path)
-    return _unique([load_pipeline(p) for p in ([path] if path.is_file() else _pipeline_files(path))])
+    return _unique([s for p in ([path] if path.is_file() else _pipeline_files(path)) for s in load_pipelines(p)])
 
 
 def _pipeline_files(directory: Path) -> list[Path]:
@@ -1002,9 +1039,17 @@ def _pipeline_files(directory: Path) -> list[Path]:
 def _unique(specs: list[Pipeline]) -> list[Pipeline]:
     """`specs`, unless two of them (two files) declare one pipeline name: a name is the pipeline's
     prefix in the store and its assets' key, so neither file can be chosen silently."""
+    from .expand import is_generated
+
     first: dict[str, Pipeline] = {}
     for s in specs:
         other = first.setdefault(s.name, s)
+        if other is not s and (is_generated(s) or is_generated(other)):
+            gen, decl = (s, other) if is_generated(s) else (other, s)
+            raise WireInputError(
+                f"pipeline {s.name!r}, generated by {gen.source} to read a stage's raw input (expand.py), "
+                f"is also declared by {decl.source}; rename that pipeline, the stage or its input"
+            )
         if other is not s:
             raise WireInputError(
                 f"pipeline {s.name!r} is declared by two files, {other.source} and {s.source}; "

@@ -1,7 +1,7 @@
 """The real NEXMark queries q5, q7, q8, q11: Wire vs Spark Structured Streaming vs DuckDB.
 
     .venv/bin/python benchmarks/nexmark_queries.py [--events 1M[,10M]] [--keys 1K[,100K]] \
-        [--queries q5,q7,q8,q11] [--pairings cold,warm]
+        [--queries q5,q7,q8,q11] [--pairings cold,warm] [--graph]
 
 For every size and key count, benchmarks/nexmark.py writes one seeded event set (persons,
 auctions, bids in the 1:3:46 mix). Then:
@@ -12,8 +12,10 @@ auctions, bids in the 1:3:46 mix). Then:
   dependency order (q5: q5_counts → q5_max → q5; q7: q7_max → q7, whose tick first ticks the
   pipeline reading its raw bids, nexmark_q7__bids; q8: q8_persons,
   q8_auctions → q8; q11: one stage), each stage `wire tick`ed until its sensor requests no
-  run (one tick process at a time; the last, empty tick is reported apart). The results are the
-  committed ones (results.read_results, untimed).
+  run (one tick process at a time; the last, empty tick is reported apart). With `--graph`, each
+  query is instead `wire tick --pipeline <its last stage> --upstream`ed until it requests no run:
+  every stage of the graph in one process (its time is reported on the last stage). The
+  results are the committed ones (results.read_results, untimed).
 - **Spark Structured Streaming** (nexmark_sql.py spark): the same queries, AvailableNow,
   Parquet sink in append mode; where Spark refuses a query, the report prints its error's first
   line and that query is compared with DuckDB alone.
@@ -66,6 +68,8 @@ ROOT = HERE.parent
 NEXMARK = ROOT / "pipelines" / "nexmark"
 STREAMS = {"bids": BID_SCHEMA, "persons": PERSON_SCHEMA, "auctions": AUCTION_SCHEMA}
 MAX_TICKS = 12
+#: `--graph`: the extra arguments of the one tick per query (its last stage's, `--upstream`)
+GRAPH: list[str] = []
 DELAY_MS = 4000  # Spark's watermark delay = the pipelines' max_out_of_orderness (4 s) + allowed lateness (0)
 PAIRINGS = {
     "cold": "cold/cold: each `wire tick` boots local Spark; Spark SS process with its JVM start",
@@ -165,8 +169,11 @@ def wire_query(w: WireSide, q: str, tmp: Path) -> None:
     for name in meta["stages"]:
         st = Stage(name)
         pipeline = f"nexmark_{name}"
+        if GRAPH and name != meta["stages"][-1]:
+            w.stages[name] = st  # ticked by the last stage's `--upstream` tick, its time there
+            continue
         for _ in range(MAX_TICKS):
-            m = run_measured([WIRE, "tick", "--pipeline", pipeline], w.env, tmp, w.servers)
+            m = run_measured([WIRE, "tick", "--pipeline", pipeline, *GRAPH], w.env, tmp, w.servers)
             if "sensor requested no run" in m.stdout:
                 st.final_tick = m
                 break
@@ -395,8 +402,14 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
     out.append(
         "- Wire: the pipeline files of pipelines/nexmark/ unchanged (watermark 4 s on the raw stages, 0 s on the "
         "derived ones, no lateness, 1-minute partitions, ids de-duplicated, default budgets: an epoch reads every "
-        f"chunk); streams produced with `--chunk-rows {cases[0].cfg.chunk_rows if cases else 0:,}`; each stage "
-        "`wire tick`ed until its sensor requests no run, stages in dependency order, one process at a time"
+        f"chunk); streams produced with `--chunk-rows {cases[0].cfg.chunk_rows if cases else 0:,}`; "
+        + (
+            "**`--graph`**: each query's last stage `wire tick --upstream`ed until it requests no run (every stage "
+            "of the query in one process; the time is shown on the last stage)"
+            if GRAPH
+            else "each stage `wire tick`ed until its sensor requests no run, stages in dependency order, one "
+            "process at a time"
+        )
     )
     out.append(
         f"- Spark SS: `{args.master}`, withWatermark {DELAY_MS} ms (= Wire's max_out_of_orderness + allowed "
@@ -597,7 +610,11 @@ def main() -> int:
     ap.add_argument("--master", default=f"local[{cpu_count()}]")
     ap.add_argument("--results", type=Path, default=HERE / "results", help="directory of the Markdown report")
     ap.add_argument("--name", default="", help="suffix of the report's file name")
+    ap.add_argument(
+        "--graph", action="store_true", help="one `wire tick --upstream` of each query's last stage (one process)"
+    )
     args = ap.parse_args()
+    GRAPH[:] = ["--upstream"] if args.graph else []
     try:
         sizes = [parse_count(s) for s in args.events.split(",") if s.strip()]
         keys = [parse_count(s) for s in args.keys.split(",") if s.strip()]

@@ -295,15 +295,25 @@ def _options(verbose: bool = VERBOSE):
 
 
 @app.command(cls=_Command)
-def tick(pipeline: str = PIPELINE):
+def tick(
+    pipeline: str = PIPELINE,
+    upstream: bool = typer.Option(
+        False,
+        "--upstream",
+        metavar="",
+        help="First tick every pipeline this one reads from, transitively, upstream first, in this process.",
+    ),
+):
     """One evaluation of the pipeline's Dagster sensor, then every requested run to its commit.
 
     Waits for a tick or backfill of the same pipeline; fails runs left behind by a killed one first.
-    A failed run stops the tick with one line naming its cause (-v: Dagster's report)."""
+    A failed run stops the tick with one line naming its cause (-v: Dagster's report). A stage with
+    raw inputs ticks the pipelines generated for them first; `--upstream` ticks its whole upstream
+    graph first, in one process (one Python start, one Spark session for them all)."""
     spec = _spec(pipeline)
     _store()
     runs: list[dict] = []
-    for each in [*_feeders(spec), spec]:  # a stage's raw inputs first: their generated pipelines
+    for each in [*(_upstream(spec) if upstream else _feeders(spec)), spec]:
         runs += _tick(each)
         if any(r["status"] != "SUCCESS" for r in runs):
             break
@@ -327,6 +337,23 @@ def _feeders(spec) -> list:
     if not names or not spec.source:
         return []
     return [p for p in load_pipelines(spec.source) if p.name in names]
+
+
+def _upstream(spec) -> list:
+    """Every pipeline `spec` reads from, transitively (its generated pipelines too), each once,
+    every one after those it reads from: the order a tick brings a graph up to date in."""
+    from .derived import upstreams
+
+    out: dict[str, object] = {}
+
+    def visit(s) -> None:
+        for u in upstreams(s):
+            if u.spec.name not in out:
+                visit(u.spec)
+                out[u.spec.name] = u.spec
+
+    visit(spec)
+    return list(out.values())
 
 
 def _tick(spec) -> list[dict]:

@@ -62,11 +62,11 @@ import pyarrow.compute as pc
 from . import partitions, reclock, settings
 from .checkpoint import Checkpoints, new_run_id
 from .computation import Computation, Item, KeyState, load_class, run_key
-from .errors import CommitConflict, ObjectNotFound, ObjectStoreError, WireError, WireInputError
+from .errors import ObjectNotFound, ObjectStoreError, WireError, WireInputError
 from .events import ERR, FILTERED, ID, KEY, RECORDS, ROW, SRC, TIME
 from .faults import fault, pause
 from .kernel import DEAD_LETTER  # the dead letters' file, one schema for windows and computations
-from .manifest import Counts, FileRef, Manifest, SegmentRecord
+from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
@@ -911,14 +911,8 @@ def _raw_head(spec: Pipeline, plan: reclock.Planned) -> _Head:
     clock = plan.clock
     lo_t = min((c.min_t for c in plan.chunks if c.min_t is not None), default=None)
     ready = partitions.became_ready(spec, plan.w_prev, clock.watermark, clock.max_t, lo_t)
-    where = {
-        "remap": clock.remap,
-        "segments": {s: SegmentRecord(**c.to_json()) for s, c in clock.segments.items()},
-        "segment_watermarks": clock.segment_watermarks,
-        "decisions": dict(clock.decisions),
-        "chunks": {s: [v[0].seq, v[-1].seq] for s, v in plan.taken.items() if v},
-        "replay": None,  # the previous manifest's, less the epoch replayed
-    }
+    where = {k: v for k, v in plan.manifest_fields().items() if k not in ("watermark", "prev_watermark")}
+    where["replay"] = None  # the previous manifest's, less the epoch replayed
     return _Head(plan.epoch, plan.w_prev, clock.watermark, ready, where)
 
 
@@ -1055,11 +1049,7 @@ def _commit(
     )
     ps = add_pstats(read_file(store, prev.state.get(PSTATS_STATE)) if prev else None, res.pstats)
     state[PSTATS_STATE] = cp.stage(run_id, "state/_computation_stats.parquet", parquet_bytes(ps), ps.num_rows, epoch)
-    dls = list(prev.dead_letters) if prev else []
-    if res.dead.num_rows:
-        fault("during-dead-letters")
-        t = res.dead.append_column("epoch", pa.array([epoch] * res.dead.num_rows, pa.int64()))
-        dls.append(cp.stage(run_id, "dead_letters.parquet", parquet_bytes(t), t.num_rows, epoch))
+    dls = cp.stage_dead_letters(run_id, epoch, res.dead, list(prev.dead_letters) if prev else [])
     stats = {r["comp"]: r for r in res.stats.to_pylist()}
     counted = {}
     for c in spec.computations:
@@ -1097,14 +1087,7 @@ def _commit(
         created_ms=now_ms(),
         **where,
     )
-    cp.prepare(manifest)
-    fault("after-manifest")
-    try:
-        cp.commit(manifest)
-    except CommitConflict:
-        cp.abort(run_id)
-        raise
-    return manifest
+    return cp.prepare_and_commit(manifest)
 
 
 def add_pstats(before: pa.Table | None, epoch: pa.Table) -> pa.Table:

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from . import partitions, settings
 from .checkpoint import Checkpoints, new_run_id
 from .content import apply_changes
-from .errors import CommitConflict, ObjectNotFound, WireInputError
+from .errors import ObjectNotFound, WireInputError
 from .faults import fault
 from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
@@ -664,14 +664,7 @@ def _commit(
         upstream={name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()},
         created_ms=now_ms(),
     )
-    cp.prepare(manifest)
-    fault("after-manifest")
-    try:
-        cp.commit(manifest)
-    except CommitConflict:
-        cp.abort(run_id)
-        raise
-    return manifest
+    return cp.prepare_and_commit(manifest)
 
 
 def _in_partition(spec: Pipeline, rows: pa.Table | None, p: int) -> pa.Table | None:

@@ -767,11 +767,8 @@ def process(
         return _process_synced(store, spec, spark, loaded, max_epochs, run_id, keep_epochs, single_task)
     check_stream(store, spec)
     cp = Checkpoints(store, spec.name)
-    prev = cp.latest()
-    out = Outcome(manifest=prev)
-    if prev is not None:
-        out.repaired = cp.publish(prev)
-    changed: dict[str, set[int]] = {}
+    out = Outcome.resume(cp)
+    prev = out.manifest
     while len(out.committed) < max_epochs:
         ref = prev.state.get(STATE) if prev else None
         rows = ref.rows if ref else 0
@@ -795,13 +792,9 @@ def process(
         for plan, res in zip(batch, results, strict=True):
             m = _commit(store, cp, spec, prev, run_id or new_run_id(), _raw_head(spec, plan), res)
             run_id = None
-            out.committed.append(m.epoch)
-            out.manifest = prev = m
-            for w, ps in m.changed.items():
-                changed.setdefault(w, set()).update(ps)
-    if out.committed and prev is not None:
-        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
-        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+            out.took(m)
+            prev = m
+    out.publish(cp, keep_epochs)
     offsets = prev.remap if prev else {}
     out.pending = sum(len(v.chunks) for v in read_inputs(store, spec, offsets).values())
     return out
@@ -827,11 +820,8 @@ def _process_synced(
 
     ups = synced_upstreams(spec)
     cp = Checkpoints(store, spec.name)
-    prev = cp.latest()
-    out = Outcome(manifest=prev)
-    if prev is not None:
-        out.repaired = cp.publish(prev)
-    changed: dict[str, set[int]] = {}
+    out = Outcome.resume(cp)
+    prev = out.manifest
     while len(out.committed) < max_epochs:
         plan = plan_epoch(store, spec, ups, prev)
         if plan is None:
@@ -845,13 +835,9 @@ def _process_synced(
         res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, (sync, files))
         m = _commit(store, cp, spec, prev, run_id or new_run_id(), _synced_head(spec, ups, plan), res[0])
         run_id = None
-        out.committed.append(m.epoch)
-        out.manifest = prev = m
-        for w, ps in m.changed.items():
-            changed.setdefault(w, set()).update(ps)
-    if out.committed and prev is not None:
-        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
-        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+        out.took(m)
+        prev = m
+    out.publish(cp, keep_epochs)
     return out
 
 

@@ -264,11 +264,8 @@ def process(
     keep_epochs = settings.keep_epochs(spec, keep_epochs)
     ups = upstreams(spec)
     cp = Checkpoints(store, spec.name)
-    prev = cp.latest()
-    out = Outcome(manifest=prev)
-    if prev is not None:
-        out.repaired = cp.publish(prev)
-    changed: dict[str, set[int]] = {}
+    out = Outcome.resume(cp)
+    prev = out.manifest
     while len(out.committed) < max_epochs:
         plan = plan_epoch(store, spec, ups, prev)
         if plan is None:
@@ -279,13 +276,9 @@ def process(
             computed = _compute(store, spec, ups, plan, spark)
         m = _commit(store, cp, spec, ups, prev, plan, computed, run_id or new_run_id())
         run_id = None
-        out.committed.append(m.epoch)
-        out.manifest = prev = m
-        for w, ps in m.changed.items():
-            changed.setdefault(w, set()).update(ps)
-    if out.committed and prev is not None:
-        cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
-        cp.gc(keep=keep_epochs, current_run=prev.run_id)
+        out.took(m)
+        prev = m
+    out.publish(cp, keep_epochs)
     return out
 
 

@@ -91,11 +91,8 @@ def process(
     keep_epochs = settings.keep_epochs(spec, keep_epochs)
     check_stream(store, spec)
     cp = Checkpoints(store, spec.name)
-    prev = cp.latest()
-    out = Outcome(manifest=prev)
-    if prev is not None:
-        out.repaired = cp.publish(prev)
-    changed: dict[str, set[int]] = {}
+    out = Outcome.resume(cp)
+    prev = out.manifest
     # A job's epochs are committed while the next job computes: it is planned from the last epoch
     # the first computed (the stream listed again), whose state and id memory are staged first for
     # its executors to read. The commits' round trips to the store and merges overlap the Spark task;
@@ -127,22 +124,14 @@ def process(
             try:
                 for i, (plan, res) in enumerate(zip(done, results, strict=True)):
                     m = _commit_epoch(store, cp, spec, prev, ids[i], plan, res, carry if i == len(done) - 1 else None)
-                    out.committed.append(m.epoch)
-                    out.manifest = prev = m
-                    for w, ps in m.changed.items():
-                        changed.setdefault(w, set()).update(ps)
+                    out.took(m)
+                    prev = m
             except BaseException:
                 if pending is not None:  # the next job's epochs are never committed: its Spark job ends first
                     pending.exception()
                 raise
             batch = nxt
-    if out.committed and prev is not None:
-        # Side by side (each mostly waits on the store): garbage collection deletes only what no
-        # kept manifest names, and publishing copies only what the latest (kept) manifest names.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wire-gc") as bg:
-            collected = bg.submit(cp.gc, keep=keep_epochs, current_run=prev.run_id)
-            cp.publish(prev, {w: sorted(ps) for w, ps in changed.items()})
-            collected.result()
+    out.publish(cp, keep_epochs)
     offsets = prev.remap if prev else {}
     out.pending = sum(len(v.chunks) for v in read_inputs(store, spec, offsets).values())
     return out

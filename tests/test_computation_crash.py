@@ -27,22 +27,15 @@ import yaml
 
 from commit_scenario import assert_committed_sound, assert_published, copy_bucket, output_hashes, subprocess_env, wire
 from test_computations import COMMON, ZOO, _events
+from wire_dagster import faults
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.procgroup import wait_until
 from wire_dagster.results import read_dead_letters
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "pipelines" / "computations"
-POINTS = (
-    "before-staging",
-    "mid-staging",
-    "after-staging",
-    "during-state-snapshot",
-    "during-dead-letters",
-    "after-manifest",
-    "before-marker",
-    "after-marker",
-)
+# Every crash point of an epoch's commit (faults.POINTS), not those of publishing, gc and rewinds.
+POINTS = tuple(p for p in faults.POINTS if p not in ("during-publish", "during-gc", "during-rewind"))
 QUICK = ("during-dead-letters",)  # `make test`; WIRE_CRASH_SEEDS > 1: all
 ALL_POINTS = int(os.environ.get("WIRE_CRASH_SEEDS") or 1) > 1
 PIPELINE = {

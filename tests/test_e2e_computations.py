@@ -1,14 +1,16 @@
 """Computations under `dagster dev` (issue 24): the "user went quiet" alert over a raw stream, and
-MillWheel's spike detector over a window's derived stream (the clicks per user per minute of a
-counting pipeline), loaded into the running code location. Producing the clicks (and closing the
-stream) makes the daemon's sensors run every stage on their own, the spike detector after the
-counts it reads; each output is a partitioned asset downstream of its input, and every partition
-holding records is materialized with the computation's counters there as metadata. The
-committed records equal the reference executor's (tests/test_computations.py): over the clicks
-for the alert, over the plain-Python counts per user and minute for the detector.
+MillWheel's spike detector over a window's derived stream (the clicks per user per minute),
+declared in the counting pipeline's own file (DESIGN §4: windows and computations in one file;
+the detector runs in the pipeline generated for it, expand.py), loaded into the running code
+location. Producing the clicks (and closing the stream) makes the daemon's sensors run every
+stage on their own, the spike detector after the counts it reads; each output is a partitioned
+asset downstream of its input, and every partition holding records is materialized with the
+computation's counters there as metadata. The committed records equal the reference executor's
+(tests/test_computations.py): over the clicks for the alert, over the plain-Python counts per
+user and minute for the detector.
 
-    clicks ──▶ e2e_uclicks.per_minute ──▶ e2e_spikes.spikes      (a derived stream)
-          └──▶ e2e_quiet.alerts                                  (the raw stream)
+    clicks ──▶ e2e_uclicks.minutes ──▶ e2e_uclicks__spikes.spikes   (a window of the same file)
+          └──▶ e2e_quiet.alerts                                     (the raw stream)
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ COUNTS = {
     "name": "e2e_uclicks",
     **RAW,
     **COMMON,
-    "windows": [{"name": "per_minute", "type": "tumbling", "size": "1m", "aggregates": {"clicks": "count"}}],
+    "windows": [{"name": "minutes", "type": "tumbling", "size": "1m", "aggregates": {"clicks": "count"}}],
+    "computations": [{"name": "spikes", "input": "minutes", "code": "spike:CountSpikeDetector", "outputs": ["spikes"]}],
 }
 QUIET = {
     "name": "e2e_quiet",
@@ -51,12 +54,7 @@ QUIET = {
     **COMMON,
     "computations": [{"name": "quiet", "code": "quiet:QuietAlert", "outputs": ["alerts"]}],
 }
-SPIKES = {
-    "name": "e2e_spikes",
-    "inputs": [{"name": "minutes", "pipeline": "e2e_uclicks", "output": "per_minute", "key": "key"}],
-    **COMMON,
-    "computations": [{"name": "spikes", "code": "spike:CountSpikeDetector", "outputs": ["spikes"]}],
-}
+SPIKES = "e2e_uclicks__spikes"  # the pipeline generated for the file's computation
 
 
 def _clicks() -> list[dict]:
@@ -83,7 +81,7 @@ def test_the_sensors_run_computations_on_their_own_and_report_their_counters(dag
     from sensors import sensor_name
     from wire_dagster.checkpoint import Checkpoints
     from wire_dagster.computestage import read_output
-    from wire_dagster.spec import ComputationSpec, load_pipeline, stream_spec
+    from wire_dagster.spec import ComputationSpec, load_pipelines, stream_spec
     from wire_dagster.streams import close_stream, produce
     from wire_dagster.timeutil import INF
 
@@ -91,16 +89,14 @@ def test_the_sensors_run_computations_on_their_own_and_report_their_counters(dag
     pdir = st.tmp / "pipelines"
     for f in ("quiet.py", "spike.py"):
         shutil.copy(EXAMPLES / f, pdir / f)
-    for body in (COUNTS, QUIET):
-        (pdir / f"{body['name']}.yaml").write_text(yaml.safe_dump(body))
-    st.add_pipeline(SPIKES)  # one reload of the code location with all three
-    specs = {b["name"]: load_pipeline(pdir / f"{b['name']}.yaml") for b in (COUNTS, QUIET, SPIKES)}
+    (pdir / "e2e_quiet.yaml").write_text(yaml.safe_dump(QUIET))
+    st.add_pipeline(COUNTS)  # one reload of the code location with all three
+    specs = {s.name: s for f in ("e2e_uclicks", "e2e_quiet") for s in load_pipelines(pdir / f"{f}.yaml")}
+    assert set(specs) == {"e2e_uclicks", "e2e_quiet", SPIKES}
     for spec in specs.values():
         assert st.sensor(sensor_name(spec)) is not None, spec.name
     # lineage: the detector's output downstream of the counts it reads
-    assert ["e2e_uclicks", "per_minute"] in [
-        k["path"] for k in st.asset_node(["e2e_spikes", "spikes"])["dependencyKeys"]
-    ]
+    assert ["e2e_uclicks", "minutes"] in [k["path"] for k in st.asset_node([SPIKES, "spikes"])["dependencyKeys"]]
 
     clicks = _clicks()
     f = tmp_path / "clicks.jsonl"
@@ -138,10 +134,10 @@ def test_the_sensors_run_computations_on_their_own_and_report_their_counters(dag
         ],
     )
     assert len(alerts) == 4 and len(spikes) == 2
-    want = {("e2e_quiet", "alerts"): alerts, ("e2e_spikes", "spikes"): spikes}
+    want = {("e2e_quiet", "alerts"): alerts, (SPIKES, "spikes"): spikes}
     delivered = {
         ("e2e_quiet", "alerts"): [r["ts"] for r in clicks],
-        ("e2e_spikes", "spikes"): [m + 59_999 for _, m in counts],
+        (SPIKES, "spikes"): [m + 59_999 for _, m in counts],
     }
 
     def materialized() -> bool:
@@ -150,7 +146,7 @@ def test_the_sensors_run_computations_on_their_own_and_report_their_counters(dag
         m = {n: Checkpoints(st.store, n).latest() for n in specs}
         if any(x is None or x.watermark < INF for x in m.values()):
             return False
-        if m["e2e_spikes"].remap != {"minutes": m["e2e_uclicks"].epoch}:  # pyright: ignore[reportOptionalMemberAccess]
+        if m[SPIKES].remap != {"minutes": m["e2e_uclicks"].epoch}:  # pyright: ignore[reportOptionalMemberAccess]
             return False
         for (name, out), recs in want.items():
             for p in {t - t % 300_000 for _, _, t, _, _ in recs}:

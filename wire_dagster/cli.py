@@ -313,7 +313,7 @@ def tick(
     spec = _spec(pipeline)
     _store()
     runs: list[dict] = []
-    for each in [*(_upstream(spec) if upstream else _feeders(spec)), spec]:
+    for each in _chain(spec, upstream):
         runs += _tick(each)
         if any(r["status"] != "SUCCESS" for r in runs):
             break
@@ -327,23 +327,17 @@ def tick(
             raise r["error"]
 
 
-def _feeders(spec) -> list:
-    """The pipelines generated for a stage's raw inputs (expand.py), from the stage's own file:
-    `wire tick` of the stage ticks them first, so one command brings it up to date."""
-    from .expand import feeders
-    from .spec import load_pipelines
-
-    names = feeders(spec)
-    if not names or not spec.source:
-        return []
-    return [p for p in load_pipelines(spec.source) if p.name in names]
-
-
-def _upstream(spec) -> list:
-    """Every pipeline `spec` reads from, transitively (its generated pipelines too), each once,
-    every one after those it reads from: the order a tick brings a graph up to date in."""
+def _chain(spec, upstream: bool) -> list:
+    """What `wire tick --pipeline <spec>` ticks, in order: the pipelines generated for the
+    stage's raw inputs, the stage, then those generated for its file's computations (expand.py),
+    so one command brings the file up to date; with `upstream`, before them every pipeline they
+    read from, transitively, each once and after those it reads from."""
     from .derived import upstreams
+    from .expand import companions
 
+    own = [spec, *companions(spec)]
+    if not upstream:
+        return [*_feeders(spec), *own]
     out: dict[str, object] = {}
 
     def visit(s) -> None:
@@ -352,8 +346,21 @@ def _upstream(spec) -> list:
                 visit(u.spec)
                 out[u.spec.name] = u.spec
 
-    visit(spec)
+    for s in own:
+        visit(s)
+        out.setdefault(s.name, s)
     return list(out.values())
+
+
+def _feeders(spec) -> list:
+    """The pipelines generated for a stage's raw inputs (expand.py), from the stage's own file."""
+    from .expand import feeders
+    from .spec import load_pipelines
+
+    names = feeders(spec)
+    if not names or not spec.source:
+        return []
+    return [p for p in load_pipelines(spec.source) if p.name in names]
 
 
 def _tick(spec) -> list[dict]:
@@ -502,10 +509,11 @@ def read(
     import pyarrow.parquet as pq
 
     from .checkpoint import Checkpoints
+    from .expand import owner
     from .results import read_results
     from .status import empty_result_hint, fit_table, written_atomically
 
-    spec = _spec(pipeline)
+    spec = owner(_spec(pipeline), window)  # a computation's output: its generated pipeline's (expand.py)
     spec.window(window)
     if output is not None and format != Fmt.parquet:
         raise WireInputError(f"--output: only with --format parquet ({format.value} goes to stdout)")

@@ -29,6 +29,15 @@ late record for each window whose `end + lateness > W_prev`, which for a record 
 can be more: declare the lateness the stage's records may have (or a disorder bound in
 `watermark:` that holds) rather than relying on a window's length.
 
+A file that declares windows and `computations:` (DESIGN §4's `user_minutes`) is split first
+(`split`): its windows stay the file's pipeline (expanded as above if they need it), and each
+computation `c` becomes a generated pipeline `<file's name>__<c>` that reads the computation's
+input — one of the file's raw inputs (with the file's watermark, lateness and `fields:`), one
+of its derived inputs, or one of the file's own windows (as a derived input of the file's
+pipeline) — and produces the computation's outputs. A computation's output is then read by the
+file's name (`wire read --pipeline user_minutes --window alerts`: `owner`), and
+`wire tick --pipeline user_minutes` ticks the computations after the windows (`companions`).
+
 A file that needs no expansion — only raw inputs and no join, or only derived inputs — loads
 as it always did (same pipeline, same fingerprint).
 """
@@ -96,14 +105,16 @@ def expand(raw: dict) -> list[dict]:
     return [*generated, stage]
 
 
-def generated_name(stage: str, label: str) -> str:
-    """`<stage>__<input>`: the pipeline reading raw input `label` of `stage` (a pipeline name:
-    at most 64 characters, one line naming the fix otherwise)."""
+def generated_name(stage: str, label: str, what: str = "inputs") -> str:
+    """`<stage>__<label>`: the pipeline reading raw input `label` of `stage`, or running its
+    computation `label` (`what` = "computations"); a pipeline name: at most 64 characters, one
+    line naming the fix otherwise."""
     name = f"{stage}{SEP}{label}"
     if len(name) > 64:
+        role = "reads this raw stream" if what == "inputs" else "runs this computation"
         raise WireInputError(
-            f"inputs.{label}: the pipeline that reads this raw stream for stage {stage!r} is named "
-            f"{name!r}, longer than 64 characters; shorten the pipeline's name or the input's"
+            f"{what}.{label}: the pipeline that {role} for stage {stage!r} is named "
+            f"{name!r}, longer than 64 characters; shorten the pipeline's name or the {what[:-1]}'s"
         )
     return name
 
@@ -132,3 +143,109 @@ def feeders(stage) -> list[str]:
         and len(stage.name) + len(SEP) + len(i.name) <= 64
         and i.pipeline == f"{stage.name}{SEP}{i.name}"
     ]
+
+
+# --- Windows and computations in one file -------------------------------------------------
+
+#: What a computation's generated pipeline takes from the file as is, by what it reads: a raw
+#: input is read as the file's windows read it; a derived input or one of the file's windows
+#: carries its upstream's watermark.
+_SHARED_DERIVED = ("partition", "start", "end", "limits", "dagster")
+
+
+def needs_split(raw: object) -> bool:
+    """Whether a pipeline file's mapping declares both windows and computations."""
+    return isinstance(raw, dict) and bool(raw.get("windows")) and bool(raw.get("computations"))
+
+
+def split(raw: dict) -> tuple[dict, list[dict]]:
+    """The file's windows as its own pipeline (the file without `computations:`), and one
+    generated pipeline per computation (module doc). The file's name was checked."""
+    stage_name = raw["name"]
+    inputs = _file_inputs(raw)
+    by_name = {i["name"]: i for i in inputs if isinstance(i, dict) and isinstance(i.get("name"), str)}
+    windows = {w["name"] for w in raw["windows"] if isinstance(w, dict) and isinstance(w.get("name"), str)}
+    comps = raw["computations"]
+    if not isinstance(comps, list):
+        raise WireInputError("computations: expected a list of {name, input, code: module:Class, outputs: [...]}")
+    expanded = needs_expansion({k: v for k, v in raw.items() if k != "computations"})
+    raw_labels = {n for n, i in by_name.items() if not _is_derived(i)} if expanded else set()
+    generated: list[dict] = []
+    for n, c in enumerate(comps):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise WireInputError(f"computations[{n}]: expected a mapping with name, input, code, outputs")
+        where = f"computations.{c['name']}"
+        label = c.get("input")
+        if label is None and len(by_name) == 1:
+            label = next(iter(by_name))
+        if label in windows and label in by_name:
+            raise WireInputError(f"{where}.input: {label!r} is both an input and a window; rename one")
+        if not isinstance(label, str) or label not in by_name and label not in windows:
+            raise WireInputError(
+                f"{where}.input: no input or window named {label!r}; choose one of: "
+                + ", ".join([*by_name, *sorted(windows)])
+            )
+        for o in c.get("outputs") or []:
+            if o in windows:
+                raise WireInputError(
+                    f"{where}.outputs: {o!r} is also a window of this file; give the output another name"
+                )
+        if c["name"] in raw_labels:
+            raise WireInputError(
+                f"{where}: a raw input is named {c['name']!r} too, and both would be read through a pipeline "
+                f"named {stage_name}{SEP}{c['name']}; rename the computation"
+            )
+        generated.append(
+            _computation_pipeline(raw, generated_name(stage_name, c["name"], "computations"), c, label, by_name)
+        )
+    names = [g["name"] for g in generated]
+    if len(set(names)) != len(names):
+        raise WireInputError("computations: two computations share a name; give each a unique name")
+    return {k: v for k, v in raw.items() if k != "computations"}, generated
+
+
+def _file_inputs(raw: dict) -> list:
+    """A file's inputs as `inputs:` declares them (`stream` + `event`: one, named after its stream)."""
+    if "inputs" in raw:
+        return raw["inputs"] if isinstance(raw["inputs"], list) else []
+    stream = raw.get("stream") or raw["name"]
+    event = raw.get("event")
+    return [{"name": stream, "stream": stream, **(event if isinstance(event, dict) else {})}]
+
+
+def _computation_pipeline(raw: dict, name: str, comp: dict, label: str, inputs: dict[str, dict]) -> dict:
+    """The generated pipeline of one computation: its input (a raw or derived input of the file,
+    or one of the file's windows, read as a derived input: key, window_start, window_end and the
+    aggregates), the file's settings for that kind of input, and the computation."""
+    if label in inputs:
+        inp = dict(inputs[label])
+        shared = _SHARED_DERIVED + ("fields",) if _is_derived(inp) else _SHARED
+    else:
+        inp = {"name": label, "pipeline": raw["name"], "output": label, "key": "key"}
+        shared = _SHARED_DERIVED
+    body: dict[str, object] = {"name": name, "inputs": [inp]}
+    body.update({k: raw[k] for k in shared if k in raw})
+    body["computations"] = [{**comp, "input": label}]
+    return body
+
+
+def companions(stage) -> list:
+    """The pipelines generated for the computations of `stage`'s file (spec.Pipeline), in the
+    file's order: `wire tick --pipeline <stage>` ticks them after the stage."""
+    from .spec import load_pipelines
+
+    if not stage.source:
+        return []
+    specs = load_pipelines(stage.source)
+    if specs[-1].name != stage.name:  # a generated pipeline has none
+        return []
+    fed = set(feeders(stage))
+    return [p for p in specs[:-1] if p.name not in fed]
+
+
+def owner(stage, window: str):
+    """The pipeline holding `window` for `--pipeline <stage> --window <window>`: the stage, or the
+    generated pipeline of one of its file's computations that produces it."""
+    if any(w.name == window for w in stage.windows):
+        return stage
+    return next((p for p in companions(stage) if any(w.name == window for w in p.windows)), stage)

@@ -536,9 +536,15 @@ def pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
 
 def pipelines_from_dict(raw: object, source: str | None = None) -> list[Pipeline]:
     """Every pipeline a file's mapping declares: the one, or the pipelines generated for a
-    stage's raw inputs (expand.py) and then the stage."""
-    from .expand import expand, needs_expansion
+    stage's raw inputs and for its computations beside windows (expand.py), and last the stage."""
+    from .expand import expand, needs_expansion, needs_split, split
 
+    if needs_split(raw):
+        assert isinstance(raw, dict)
+        check_name(_req(raw, "name", "pipeline"), "name")  # the generated pipelines' names are made of it
+        stage, generated = split(raw)
+        *fed, own = pipelines_from_dict(stage, source)
+        return [*fed, *(_pipeline_from_dict(g, source) for g in generated), own]
     if needs_expansion(raw):
         assert isinstance(raw, dict)
         # the names the generated pipelines' names are made of, checked before they are used
@@ -701,11 +707,6 @@ def _computations(raw: dict, inputs: list[Input]) -> tuple[ComputationSpec, ...]
     comps = raw["computations"]
     if not isinstance(comps, list) or not comps:
         raise WireInputError("computations: expected a list of {name, input, code: module:Class, outputs: [...]}")
-    if raw.get("windows"):
-        raise WireInputError(
-            "computations: windows and computations in one pipeline are not built yet; put the windows in a "
-            "pipeline of their own (streams are shared: both read the same stream)"
-        )
     if len(inputs) > 1:
         raise WireInputError(
             "computations: a computation over several inputs is not built yet; read one raw stream "

@@ -45,6 +45,7 @@ USERS = {
     "computations": [
         {"name": "quiet", "code": "quiet:QuietAlert", "outputs": ["alerts"]},
         {"name": "spikes", "input": "per_minute", "code": "spike:CountSpikeDetector", "outputs": ["spikes"]},
+        {"name": "zoo", "code": "zoo:TimerZoo", "outputs": ["zoo"]},  # raises at v % 1000 == 7
     ],
 }
 
@@ -172,12 +173,14 @@ def test_one_file_of_windows_and_computations_through_the_cli(cli_env, spark_rem
     events = _events(rnd, 300, users=3)
     for u in range(3):  # a burst per user: a minute of clicks well above the model (a spike)
         events += [
-            {"ts": T0 + 3_600_000 + (20 + u) * 60_000 + j, "user_id": f"u{u}", "event_id": f"b{u}-{j}", "amount": 1}
+            {"ts": T0 + 3_600_000 + (20 + u) * 60_000 + j, "user_id": f"u{u}", "event_id": f"b{u}-{j}"}
+            | {"op": "none", "tag": "a", "d": 0, "v": 1_000_000 + j}
             for j in range(30)
         ]
     f = tmp_path / "clicks.jsonl"
-    f.write_text("".join(json.dumps(e) + "\n" for e in events))
-    run_wire(["produce", "--pipeline", "users", "--file", str(f)], env, check=True)
+    bad = {"ts": "not a time", "user_id": "u0", "event_id": "bad"}  # a dead letter at produce
+    f.write_text("".join(json.dumps(e) + "\n" for e in [*events, bad]))
+    run_wire(["produce", "--pipeline", "users", "--file", str(f)], env)
     run_wire(["close", "--pipeline", "users"], env, check=True)
     p = run_wire(["tick", "--pipeline", "users"], env, check=True)
     ran = [line.split(":")[0] for line in p.stdout.splitlines() if line.startswith("run ")]
@@ -220,6 +223,13 @@ def test_one_file_of_windows_and_computations_through_the_cli(cli_env, spark_rem
     assert sorted(
         (r["key"], _ms(r["window_start"]), json.dumps(json.loads(r["record"]), sort_keys=True)) for r in got
     ) == sorted((k, t, json.dumps(json.loads(rec), sort_keys=True)) for _, k, t, _, rec in spikes)
+    # the file's dead letters: the stream's once, the computation's errors (v = 7) by its pipeline
+    p = run_wire(["dlq", "--pipeline", "users", "--format", "jsonl"], env, check=True)
+    letters = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
+    kinds = {(d["pipeline"], d["reason"].split(":")[0], d["window"]) for d in letters}
+    assert kinds == {("users", "malformed", None), ("users__zoo", "error", "zoo")}, letters
+    assert sum(1 for d in letters if d["reason"].startswith("malformed")) == 1  # read by 4 pipelines
+    assert "error: ValueError: boom at 7" in {d["reason"] for d in letters}
     # the generated pipelines are pipelines like any other, by their own names
     st = json.loads(run_wire(["status", "--pipeline", "users__spikes", "--json"], env, check=True).stdout)
     assert "inf" in json.dumps(st).lower()

@@ -544,18 +544,42 @@ def read(
 
 @app.command(cls=_Command)
 def dlq(pipeline: str = PIPELINE, format: PrintFmt = typer.Option(PrintFmt.table, "--format")):
-    """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position."""
-    from .results import read_dead_letters
+    """Dead letters: the event, its reason (late, duplicate, malformed: ...) and source position.
+
+    Those of the pipelines generated from the pipeline's file too (its raw inputs' and its
+    computations': a computation's errors), each named in jsonl's `pipeline`."""
     from .status import dead_letter_table
 
     spec = _spec(pipeline)
+    specs = _chain(spec, upstream=False)  # a file's generated pipelines too (expand.py)
     with _reading_store() as store:
-        rows = read_dead_letters(store, spec)
+        rows = _dead_letters(store, specs)
     if format == PrintFmt.jsonl:
         landed = ["object"] if any(r.get("object") for r in rows) else []  # the landed object's key
-        _write_jsonl(rows, ["reason", "window", "stream", "segment", "chunk", "row", *landed, "epoch", "record"])
+        named = ["pipeline"] if len(specs) > 1 else []
+        _write_jsonl(
+            rows, [*named, "reason", "window", "stream", "segment", "chunk", "row", *landed, "epoch", "record"]
+        )
         return
-    out.print(dead_letter_table(f"{spec.name}: dead letters of stream {spec.stream} ({len(rows)})", rows))
+    of = f"pipelines {', '.join(s.name for s in specs)}" if len(specs) > 1 else f"stream {spec.stream}"
+    out.print(dead_letter_table(f"{spec.name}: dead letters of {of} ({len(rows)})", rows))
+
+
+def _dead_letters(store, specs: list) -> list[dict]:
+    """The dead letters of `specs` (a file's pipelines), each with its pipeline's name; one a
+    stream holds (found where it was produced: no epoch) once, however many of them read it."""
+    from .results import read_dead_letters
+
+    out, seen = [], set()
+    for s in specs:
+        for r in read_dead_letters(store, s):
+            if r["epoch"] is None:  # a stream's: the same for every reader
+                at = (r["stream"], r["segment"], r["chunk"], r["row"])
+                if at in seen:
+                    continue
+                seen.add(at)
+            out.append({"pipeline": s.name, **r})
+    return out
 
 
 @app.command(cls=_Command)

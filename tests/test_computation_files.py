@@ -242,3 +242,28 @@ def _ms(iso: str) -> int:
     from wire_dagster.timeutil import parse_iso
 
     return parse_iso(iso)
+
+
+def test_an_output_read_downstream_keeps_its_records_json_types() -> None:
+    """A computation's records read as a derived stream (derived.record_columns): each top-level
+    field a column of its JSON type; ISO-8601 text stays text (pyarrow's reader alone makes it a
+    timestamp), a field of changing type leaves the records as JSON text."""
+    import pyarrow as pa
+
+    from wire_dagster.derived import record_columns
+
+    recs = [
+        {"when": "2026-01-01T00:00:00Z", "n": 1, "x": 1.5, "tags": ["a"], "ok": True},
+        {"when": "2026-01-01 00:01:00", "n": 2, "x": None, "tags": [], "ok": False},
+    ]
+    rows = pa.table({"key": ["u0", "u1"], "record": [json.dumps(r) for r in recs]})
+    t = record_columns(rows)
+    assert t.schema.field("when").type == pa.string() and t["when"].to_pylist() == [r["when"] for r in recs]
+    assert (t.schema.field("n").type, t.schema.field("x").type, t.schema.field("ok").type) == (
+        pa.int64(),
+        pa.float64(),
+        pa.bool_(),
+    )
+    assert t["tags"].to_pylist() == [["a"], []]
+    mixed = pa.table({"key": ["u0", "u1"], "record": [json.dumps({"v": 1}), json.dumps({"v": "one"})]})
+    assert record_columns(mixed).column_names == ["key", "record"]

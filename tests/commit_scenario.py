@@ -27,9 +27,12 @@ import json
 import math
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -365,8 +368,6 @@ def wire_exe() -> str:
 
 def wait_for(cond, timeout: float, proc=None, what: str = "") -> None:
     """Poll `cond` (bounded); fail at once if `proc` exited first."""
-    import time
-
     deadline = time.monotonic() + timeout
     while not cond():
         if proc is not None and proc.poll() is not None:
@@ -375,6 +376,52 @@ def wait_for(cond, timeout: float, proc=None, what: str = "") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not after {timeout:.0f}s")
         time.sleep(0.1)
+
+
+def module_cli_env(s3_server, home: Path) -> dict[str, str]:
+    """The `wire` CLI's environment on `s3_server` with a WIRE_HOME and DAGSTER_HOME of its own under
+    `home`: for module-scoped fixtures (conftest's `cli_env` is per test)."""
+    env = dict(os.environ)
+    env.update(s3_server.export_env())
+    env.update(WIRE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
+    return env
+
+
+def startup_scale(env: dict[str, str], pipeline: str, factor: float, floor: float) -> float:
+    """`factor` times the `wire` CLI's start-up on this machine (a timed `wire status` of
+    `pipeline`), at least `floor` s: the span random kill moments are drawn in, so that they fall
+    between a run's start and about its typical end on a fast machine and a loaded one alike."""
+    t0 = time.monotonic()
+    wire(["status", "--pipeline", pipeline], env)
+    return max(floor, (time.monotonic() - t0) * factor)
+
+
+def kill_at_random_moments(
+    args: Sequence[str],
+    env: dict[str, str],
+    rng: random.Random,
+    times: int,
+    within: tuple[float, float],
+    after_each: Callable[[], None] = lambda: None,
+) -> int:
+    """Start `wire <args>` `times` times, one after the other, each in its own process group, and
+    kill -9 the group at a moment drawn uniformly in `within` (s after its start) unless it ended
+    first: a wait for the process, not a sleep, so a run that ends early is not waited for.
+    `after_each` checks what each run left behind. Returns how many runs were killed (the others
+    ran to their end), for the caller to require at least one."""
+    killed = 0
+    for _ in range(times):
+        proc = subprocess.Popen(
+            [wire_exe(), *args], env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            proc.wait(timeout=rng.uniform(*within))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=60)
+        after_each()
+    return killed
 
 
 def copy_bucket(src: ObjectStore, dst: ObjectStore) -> int:

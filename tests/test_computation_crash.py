@@ -14,10 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -25,12 +21,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commit_scenario import assert_committed_sound, assert_published, copy_bucket, output_hashes, subprocess_env, wire
+from commit_scenario import (
+    assert_committed_sound,
+    assert_published,
+    copy_bucket,
+    kill_at_random_moments,
+    module_cli_env,
+    output_hashes,
+    startup_scale,
+    subprocess_env,
+    wire,
+)
 from test_computations import COMMON, ZOO, _events
 from wire_dagster import faults
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
-from wire_dagster.procgroup import wait_until
 from wire_dagster.results import read_dead_letters
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "pipelines" / "computations"
@@ -50,11 +55,7 @@ PIPELINE = {
 
 @pytest.fixture(scope="module")
 def cli_env_module(s3_server, tmp_path_factory):
-    home = tmp_path_factory.mktemp("wire-home")
-    env = dict(os.environ)
-    env.update(s3_server.export_env())
-    env.update(WIRE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
-    return env
+    return module_cli_env(s3_server, tmp_path_factory.mktemp("wire-home"))
 
 
 @pytest.fixture(scope="module")
@@ -155,27 +156,16 @@ def test_a_computation_run_killed_at_random_moments_then_restarted(template, s3_
     """kill -9 of the real CLI's process group, three times at random moments of its run, then a
     run to completion."""
     st, env, want = _fresh(template, s3_server)
-    exe = str(Path(sys.executable).parent / "wire")
     rnd = random.Random(int(os.environ.get("WIRE_SEED", "11")))
-    t0 = time.monotonic()
-    wire(["status", "--pipeline", "comp"], env)  # the CLI's start-up alone, for the time scale
-    scale = max(2.0, (time.monotonic() - t0) * 4)
-    kills = 0
-    for _ in range(3):
-        proc = subprocess.Popen(
-            [exe, "process", "--pipeline", "comp", "--max-epochs", "5"], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:  # a condition, not a sleep: the run may end before the moment drawn
-            wait_until(lambda proc=proc: proc.poll() is not None, rnd.uniform(0.2, scale), "the run", every=0.05)
-        except TimeoutError:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
+    scale = startup_scale(env, "comp", factor=4, floor=2.0)
+
+    def whole_epochs() -> None:
         assert_committed_sound(st, _spec(env))
         assert Checkpoints(st, "comp").committed() in ([1], [1, 2])
-    assert kills >= 1
-    wire(["process", "--pipeline", "comp", "--max-epochs", "5"], env)
+
+    run = ["process", "--pipeline", "comp", "--max-epochs", "5"]
+    assert kill_at_random_moments(run, env, rnd, 3, (0.2, scale), whole_epochs) >= 1
+    wire(run, env)
     _assert_equal_to_uninterrupted(st, env, want)
 
 

@@ -16,23 +16,27 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import yaml
 
-from commit_scenario import assert_committed_sound, assert_published, copy_bucket, output_hashes, subprocess_env, wire
+from commit_scenario import (
+    assert_committed_sound,
+    assert_published,
+    copy_bucket,
+    kill_at_random_moments,
+    module_cli_env,
+    output_hashes,
+    startup_scale,
+    subprocess_env,
+    wire,
+)
 from reference import assert_same_rows, batch
 from wire_dagster import results
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
-from wire_dagster.procgroup import wait_until
 from wire_dagster.spec import field_column, load_pipeline
 
 T0 = 1_767_225_600_000
@@ -94,11 +98,7 @@ def template(s3_server, tmp_path_factory, spark_remote, cli_env_module):
 
 @pytest.fixture(scope="module")
 def cli_env_module(s3_server, tmp_path_factory):
-    home = tmp_path_factory.mktemp("wire-home")
-    env = dict(os.environ)
-    env.update(s3_server.export_env())
-    env.update(WIRE_HOME=str(home), DAGSTER_HOME=str(home / "dagster"))
-    return env
+    return module_cli_env(s3_server, tmp_path_factory.mktemp("wire-home"))
 
 
 def _fresh(template, s3_server, cli_env_module, spark_remote):
@@ -163,25 +163,14 @@ def test_a_derived_run_killed_at_random_moments_then_restarted(
     """kill -9 of the real CLI's process group, three times at random moments of its run (from
     its start to its typical end), then a run to completion."""
     st, env, down, up = _fresh(template, s3_server, cli_env_module, spark_remote)
-    exe = str(Path(sys.executable).parent / "wire")
     rnd = random.Random(int(os.environ.get("WIRE_SEED", "7")))
-    t0 = time.monotonic()
-    wire(["status", "--pipeline", "down"], env)  # the CLI's start-up alone, for the time scale
-    scale = max(2.0, (time.monotonic() - t0) * 4)
-    kills = 0
-    for _ in range(3):
-        proc = subprocess.Popen(
-            [exe, "process", "--pipeline", "down"], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:  # a condition, not a sleep: the run may end before the moment drawn
-            wait_until(lambda proc=proc: proc.poll() is not None, rnd.uniform(0.2, scale), "the run", every=0.05)
-        except TimeoutError:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
+    scale = startup_scale(env, "down", factor=4, floor=2.0)
+
+    def whole_epochs() -> None:
         assert_committed_sound(st, down)
         assert Checkpoints(st, "down").committed() in ([1], [1, 2])
+
+    kills = kill_at_random_moments(["process", "--pipeline", "down"], env, rnd, 3, (0.2, scale), whole_epochs)
     assert kills >= 1  # at least one run died mid-way (the others may have ended first)
     wire(["process", "--pipeline", "down"], env)
     _composition(st, up, down)

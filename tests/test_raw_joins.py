@@ -27,21 +27,17 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from commit_scenario import kill_at_random_moments, startup_scale
 from conftest import run_wire
 from wire_dagster import engine, results, streams
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.errors import WireInputError
-from wire_dagster.procgroup import wait_until
 from wire_dagster.spec import find_pipeline, load_all, load_pipelines, pipeline_from_dict, stream_spec
 from wire_dagster.timeutil import INF, NEG_INF
 
@@ -418,23 +414,9 @@ def test_wire_tick_of_a_join_of_raw_streams_killed_then_rerun(store, cli_env, sp
     for s in ("clicks", "views"):
         run_wire(["close", "--stream", s], env, check=True)
 
-    exe = str(Path(sys.executable).parent / "wire")
-    t0 = time.monotonic()
-    run_wire(["status", "--pipeline", "joined"], env, check=True)  # the CLI's start-up, for the time scale
-    scale = max(3.0, (time.monotonic() - t0) * 6)
-    kills = 0
-    for _ in range(int(os.environ.get("WIRE_RAW_JOIN_KILLS", "2"))):
-        proc = subprocess.Popen(
-            [exe, "tick", "--pipeline", "joined"], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:  # a condition, not a sleep: the tick may end before the moment drawn
-            wait_until(lambda proc=proc: proc.poll() is not None, rnd.uniform(0.5, scale), "the tick", every=0.05)
-        except TimeoutError:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
-    assert kills >= 1
+    scale = startup_scale(env, "joined", factor=6, floor=3.0)
+    kills = int(os.environ.get("WIRE_RAW_JOIN_KILLS", "2"))
+    assert kill_at_random_moments(["tick", "--pipeline", "joined"], env, rnd, kills, (0.5, scale)) >= 1
     for _ in range(4):  # until in sync: the sensors request nothing more
         if "sensor requested no run" in _tick(env, "joined"):
             break

@@ -30,26 +30,35 @@ figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import platform
-import shlex
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
-from benchmarks.common import Peak, TreeRss, bench_store, cpu_count, mb, md_table
+from benchmarks.common import (
+    WIRE,
+    LoadSampler,
+    Measured,
+    bench_servers,
+    comma_list,
+    cpu_count,
+    log,
+    machine,
+    mb,
+    md_table,
+    parse_sides,
+    peer_env,
+    run_measured,
+    save_report,
+    software_line,
+    tick_until_idle,
+)
 from benchmarks.nexmark import (
     PIPELINE_START,
     Config,
@@ -67,179 +76,12 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-WIRE = str(Path(sys.executable).parent / "wire")
-CMD_TIMEOUT = 3600  # seconds, per command (a 10 M tick on 2 cores is long, but must end)
-MAX_TICKS = 12
 
 
 def parse_duration_ms(s: str) -> int:
     from wire_dagster.timeutil import parse_duration
 
     return parse_duration(s, "duration")
-
-
-# ---------------------------------------------------------------------------
-# Running one measured command
-
-
-class ProcTree(TreeRss):
-    """TreeRss over a child process and its descendants (Spark's JVM, its Python workers); the
-    servers' (the S3 server's and, in Wire's server mode, the Spark server's) RSS is sampled beside
-    it, never counted in the tree, and their CPU over the command is `servers_cpu()`.
-
-    CPU: the child's own rusage (os.wait4: itself and the children it reaped) plus, for every
-    descendant seen by the sampler, its last user + system time and that of the children it
-    reaped (the JVM reaps its Python workers). A JVM is not reaped by the Python process that
-    started it (it exits on its own once its parent is gone), so rusage alone would miss it."""
-
-    def __init__(self, pid: int, server_pids: list[int], interval: float = 0.2) -> None:
-        import psutil
-
-        super().__init__(interval=interval, exclude=("weed",))
-        self._me = psutil.Process(pid)
-        self._servers = [psutil.Process(s) for s in server_pids]
-        self.server_peak = 0
-        self.with_server_peak = 0
-        self.desc_cpu: dict[int, float] = {}
-        self._servers_cpu0 = self._servers_cpu_now()
-
-    def _servers_cpu_now(self) -> float:
-        """User + system seconds of the servers and their descendants so far (children they reaped included)."""
-        import psutil
-
-        total = 0.0
-        for server in self._servers:
-            try:
-                procs = [server, *server.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in procs:
-                try:
-                    t = proc.cpu_times()
-                except psutil.Error:
-                    continue
-                total += t.user + t.system + t.children_user + t.children_system
-        return total
-
-    def servers_cpu(self) -> float:
-        """The servers' CPU seconds since this tree was created: the work they did for the command."""
-        return max(0.0, self._servers_cpu_now() - self._servers_cpu0)
-
-    def sample(self) -> Peak:
-        import psutil
-
-        try:
-            p = super().sample()
-            for c in self._me.children(recursive=True):
-                try:
-                    t = c.cpu_times()
-                    self.desc_cpu[c.pid] = t.user + t.system + t.children_user + t.children_system
-                except psutil.Error:
-                    continue
-        except psutil.Error:  # the child exited between two samples
-            return Peak()
-        s = 0
-        for server in self._servers:
-            try:
-                s += server.memory_info().rss + sum(c.memory_info().rss for c in server.children(recursive=True))
-            except psutil.Error:
-                continue
-        self.server_peak = max(self.server_peak, s)
-        self.with_server_peak = max(self.with_server_peak, p.total + s)
-        return p
-
-    def cpu_by_kind(self) -> dict[str, float]:
-        return {}  # see the class doc: CPU is computed from rusage and the sampled descendants
-
-
-class LoadSampler:
-    """The 1-minute load average every few seconds (the machine is shared: a figure means little without it)."""
-
-    def __init__(self, interval: float = 5.0) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), os.getloadavg()[0]))
-            self._stop.wait(self._interval)
-
-    def start(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def mean(self, t0: float | None = None, t1: float | None = None) -> float | None:
-        xs = [v for t, v in self.samples if (t0 is None or t >= t0) and (t1 is None or t <= t1)]
-        return sum(xs) / len(xs) if xs else None
-
-    def max(self) -> float:
-        return max((v for _, v in self.samples), default=0.0)
-
-
-@dataclass
-class Measured:
-    cmd: list[str]
-    wall: float
-    cpu: float  # user + system of the child and the descendants it reaped, plus the servers' during the command
-    peak: int  # process tree RSS, bytes
-    server_peak: int
-    with_server_peak: int
-    stdout: str
-    stderr: str
-    t_start: float  # epoch seconds
-    t_end: float
-
-
-def run_measured(
-    cmd: list[str], env: dict[str, str], tmp: Path, server_pids: list[int], timeout: float = CMD_TIMEOUT
-) -> Measured:
-    """Run `cmd` in its own process group; wall, CPU (rusage, plus what the servers in `server_pids`
-    spent meanwhile), peak tree RSS; fail loudly on a non-zero exit."""
-    out_f, err_f = tmp / f"cmd-{uuid.uuid4().hex[:8]}.out", tmp / f"cmd-{uuid.uuid4().hex[:8]}.err"
-    t_start = time.time()
-    t0 = time.perf_counter()
-    with open(out_f, "w") as so, open(err_f, "w") as se:
-        p = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, cwd=str(tmp), start_new_session=True)
-    killed = threading.Event()
-
-    def on_timeout() -> None:
-        killed.set()
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    timer = threading.Timer(timeout, on_timeout)
-    timer.start()
-    try:
-        with ProcTree(p.pid, server_pids) as mem:
-            _, status, usage = os.wait4(p.pid, 0)
-    finally:
-        timer.cancel()
-    wall = time.perf_counter() - t0
-    # Anything the command left in its process group (it should leave nothing) is stopped here.
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.returncode = os.waitstatus_to_exitcode(status)
-    stdout, stderr = out_f.read_text(), err_f.read_text()
-    out_f.unlink()
-    err_f.unlink()
-    if killed.is_set():
-        raise SystemExit(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}")
-    if p.returncode != 0:
-        raise SystemExit(f"{shlex.join(cmd)} exited {p.returncode}:\n{stderr.strip()[-3000:]}")
-    cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values()) + mem.servers_cpu()
-    return Measured(
-        cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak, stdout, stderr, t_start, time.time()
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -333,28 +175,33 @@ class WireRun:
     breakdown: list[dict] = field(default_factory=list)  # per tick
 
     @property
+    def timed(self) -> list[Measured]:
+        """The commands end to end counts: produce, close and the ticks that launched runs."""
+        return [*self.produce, self.close, *self.ticks]
+
+    @property
     def e2e(self) -> float:
-        return sum(m.wall for m in self.produce) + self.close.wall + sum(m.wall for m in self.ticks)
+        return sum(m.wall for m in self.timed)
 
     @property
     def cpu(self) -> float:
-        return sum(m.cpu for m in [*self.produce, self.close, *self.ticks])
+        return sum(m.cpu for m in self.timed)
 
     @property
     def peak(self) -> int:
-        return max(m.peak for m in [*self.produce, self.close, *self.ticks])
+        return max(m.peak for m in self.timed)
 
     @property
     def server_peak(self) -> int:
-        return max(m.server_peak for m in [*self.produce, self.close, *self.ticks])
+        return max(m.server_peak for m in self.timed)
 
     @property
     def with_server_peak(self) -> int:
-        return max(m.with_server_peak for m in [*self.produce, self.close, *self.ticks])
+        return max(m.with_server_peak for m in self.timed)
 
 
 def run_wire(
-    q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int], log
+    q: Query, cfg: Config, st: Settings, data: Path, env: dict[str, str], tmp: Path, server_pids: list[int]
 ) -> WireRun:
     import pyarrow.parquet as pq
 
@@ -371,18 +218,13 @@ def run_wire(
         "processes)"
     )
     r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pids)
-    for _ in range(MAX_TICKS):
-        m = run_measured([WIRE, "tick", "--pipeline", q.name], env, tmp, server_pids)
-        if "sensor requested no run" in m.stdout:
-            r.final_tick = m
-            break
-        bad = [ln for ln in m.stdout.splitlines() if ln.startswith("run ") and not ln.endswith("SUCCESS")]
-        if bad:
-            raise SystemExit(f"wire tick --pipeline {q.name}: {bad}")
-        r.ticks.append(m)
-        log(f"  wire tick {len(r.ticks)}: {m.wall:.1f} s, {m.stdout.count('SUCCESS')} runs")
-    else:
-        raise SystemExit(f"wire tick --pipeline {q.name}: still requesting runs after {MAX_TICKS} ticks")
+    r.ticks, r.final_tick = tick_until_idle(
+        q.name,
+        env,
+        tmp,
+        server_pids,
+        on_tick=lambda n, m: log(f"  wire tick {n}: {m.wall:.1f} s, {m.stdout.count('SUCCESS')} runs"),
+    )
     out = tmp / f"wire-{q.name}.parquet"
     r.read = run_measured(
         [WIRE, "read", "--pipeline", q.name, "--window", q.window_name, "--format", "parquet", "-o", str(out)],
@@ -474,39 +316,30 @@ class PeerRun:
     result: pa.Table  # NORMAL
 
 
+def peer_cmd(engine: str, q: Query, data: Path, out: Path, st: Settings) -> list[str]:
+    """`peers.py <engine>` of `q` over the bids of `data` into `out`, de-duplicating as Wire does."""
+    cmd = [sys.executable, str(HERE / "peers.py"), engine, "--query", q.name, "--src", str(data / "bids")]
+    return cmd + ["--out", str(out)] + (["--dedup"] if st.dedup else [])
+
+
 def run_spark_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp: Path, warm: bool) -> PeerRun:
     """The cold run: one process (JVM start, the query, stop) measured whole. With `warm`, a second
     process runs the query twice in one session and only its second query's time is kept (its
     first run's result must equal the cold run's too)."""
 
     def cmd(out: Path, warm_run: bool) -> list[str]:
-        c = [
-            sys.executable,
-            str(HERE / "peers.py"),
-            "spark",
-            "--query",
-            q.name,
-            "--src",
-            str(data / "bids"),
-            "--out",
-            str(out),
-            "--delay-ms",
-            str(st.spark_delay_ms),
-            "--max-files",
-            str(st.epoch_chunks),
-            "--master",
-            st.master,
-        ]
-        return c + (["--dedup"] if st.dedup else []) + (["--warm"] if warm_run else [])
+        c = peer_cmd("spark", q, data, out, st)
+        c += ["--delay-ms", str(st.spark_delay_ms), "--max-files", str(st.epoch_chunks), "--master", st.master]
+        return c + (["--warm"] if warm_run else [])
 
     out = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
     m = run_measured(cmd(out, False), env, tmp, [])
-    info = json.loads(m.stdout.strip().splitlines()[-1])
+    info = m.last_json()
     res = normalize(read_spark_output(out / "cold"), q.column)
     if warm:
         out2 = tmp / f"spark-{q.name}-{uuid.uuid4().hex[:6]}"
         m2 = run_measured(cmd(out2, True), env, tmp, [])
-        info2 = json.loads(m2.stdout.strip().splitlines()[-1])
+        info2 = m2.last_json()
         for sub in ("cold", "warm"):
             if not normalize(read_spark_output(out2 / sub), q.column).equals(res):
                 raise SystemExit(
@@ -521,21 +354,8 @@ def run_duckdb_peer(q: Query, data: Path, st: Settings, env: dict[str, str], tmp
     import pyarrow.parquet as pq
 
     out = tmp / f"duckdb-{q.name}.parquet"
-    cmd = [
-        sys.executable,
-        str(HERE / "peers.py"),
-        "duckdb",
-        "--query",
-        q.name,
-        "--src",
-        str(data / "bids"),
-        "--out",
-        str(out),
-    ]
-    if st.dedup:
-        cmd.append("--dedup")
-    m = run_measured(cmd, env, tmp, [])
-    info = json.loads(m.stdout.strip().splitlines()[-1])
+    m = run_measured(peer_cmd("duckdb", q, data, out, st), env, tmp, [])
+    info = m.last_json()
     return PeerRun(m.wall, m.cpu, m.peak, info, normalize(pq.read_table(out), q.column))
 
 
@@ -557,6 +377,10 @@ def drop_sentinel(t: pa.Table, sentinel_ms: int, q: Query) -> tuple[pa.Table, in
 WIRE_SPARK_MODES = {"local": "local Spark per tick", "server": "Spark server (warm)"}
 
 
+#: The columns naming a case, first in every table of the report (Case.cells).
+CASE_HEAD = ["events", "keys", "query", "Wire's Spark"]
+
+
 @dataclass
 class Case:
     cfg: Config
@@ -572,43 +396,10 @@ class Case:
     t_end: float = 0.0
     load: float | None = None  # mean 1-minute load average while the case ran
 
-
-def machine() -> str:
-    import psutil
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu or 'unknown CPU'}, {cpu_count()} cores available, {psutil.virtual_memory().total / 2**30:.0f} GB RAM, "
-        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
-    )
-
-
-def versions() -> str:
-    import dagster
-    import duckdb
-    import pyspark
-
-    return f"PySpark {pyspark.__version__}, DuckDB {duckdb.__version__}, Dagster {dagster.__version__}"
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "?"
+    @property
+    def cells(self) -> list[str]:
+        """The case's CASE_HEAD cells."""
+        return [fmt_count(self.cfg.events), fmt_count(self.cfg.keys), self.q.name, WIRE_SPARK_MODES[self.mode]]
 
 
 def rate(n: int, s: float) -> str:
@@ -626,9 +417,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         f"{load.max():.1f} ({cpu_count()} cores: above {cpu_count()} the sides share CPUs with other work); total "
         f"{t_total / 60:.1f} min"
     )
-    out.append(
-        f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)"
-    )
+    out.append(software_line())
     c0 = cases[0].cfg if cases else Config()
     out.append(
         f"- generator: rate {c0.rate:,} events/s of event time, seed {c0.seed}, {c0.segments} segments, chunks of "
@@ -665,10 +454,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         "the Spark server, are in the last columns, and their CPU during Wire's commands is in Wire's CPU).\n"
     )
     head = [
-        "events",
-        "keys",
-        "query",
-        "Wire's Spark",
+        *CASE_HEAD,
         "bids",
         "result rows",
         "equal",
@@ -696,10 +482,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         warm = s.info.get("warm", {}).get("seconds") if s else None
         rows.append(
             [
-                fmt_count(c.cfg.events),
-                fmt_count(c.cfg.keys),
-                c.q.name,
-                WIRE_SPARK_MODES[c.mode],
+                *c.cells,
                 f"{n:,}",
                 f"{first.result.num_rows:,}" if first else "-",
                 "yes" if c.equal and all(c.equal.values()) else ("**NO**" if c.equal else "-"),
@@ -733,10 +516,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     for c in cases:
         rows.append(
             [
-                fmt_count(c.cfg.events),
-                fmt_count(c.cfg.keys),
-                c.q.name,
-                WIRE_SPARK_MODES[c.mode],
+                *c.cells,
                 f"{c.wire.cpu:.0f}" if c.wire else "-",
                 f"{c.spark.cpu:.0f}" if c.spark else "-",
                 f"{c.duck.cpu:.1f}" if c.duck else "-",
@@ -748,10 +528,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
     out.append(
         md_table(
             [
-                "events",
-                "keys",
-                "query",
-                "Wire's Spark",
+                *CASE_HEAD,
                 "Wire CPU s",
                 "Spark SS CPU s",
                 "DuckDB CPU s",
@@ -783,10 +560,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         for c, w in wires:
             rows.append(
                 [
-                    fmt_count(c.cfg.events),
-                    fmt_count(c.cfg.keys),
-                    c.q.name,
-                    WIRE_SPARK_MODES[c.mode],
+                    *c.cells,
                     f"{sum(m.wall for m in w.produce):.1f}",
                     f"{w.close.wall:.1f}",
                     " + ".join(f"{m.wall:.1f}" for m in w.ticks),
@@ -798,10 +572,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         out.append(
             md_table(
                 [
-                    "events",
-                    "keys",
-                    "query",
-                    "Wire's Spark",
+                    *CASE_HEAD,
                     "produce s",
                     "close s",
                     "ticks s",
@@ -819,10 +590,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
             for b in w.breakdown:
                 rows.append(
                     [
-                        fmt_count(c.cfg.events),
-                        fmt_count(c.cfg.keys),
-                        c.q.name,
-                        WIRE_SPARK_MODES[c.mode],
+                        *c.cells,
                         b["tick"],
                         f"{b['wall']:.1f}",
                         f"{b['outside_runs_s']:.1f}",
@@ -840,10 +608,7 @@ def report(cases: list[Case], st: Settings, args, t_total: float, load: LoadSamp
         out.append(
             md_table(
                 [
-                    "events",
-                    "keys",
-                    "query",
-                    "Wire's Spark",
+                    *CASE_HEAD,
                     "tick",
                     "tick s",
                     "outside runs s",
@@ -973,13 +738,11 @@ def main() -> int:
     args = ap.parse_args()
 
     try:
-        sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
-        keys = [parse_count(s) for s in args.keys.split(",") if s.strip()]
-        queries = [QUERIES[x.strip()] for x in args.queries.split(",") if x.strip()]
-        sides = {x.strip() for x in args.sides.split(",") if x.strip()}
-        if not sides <= {"wire", "spark", "duckdb"} or not sides:
-            raise ValueError("--sides: choose among wire, spark, duckdb")
-        modes = [x.strip() for x in args.wire_spark.split(",") if x.strip()]
+        sizes = [parse_count(s) for s in comma_list(args.sizes)]
+        keys = [parse_count(s) for s in comma_list(args.keys)]
+        queries = [QUERIES[x] for x in comma_list(args.queries)]
+        sides = parse_sides(args.sides)
+        modes = comma_list(args.wire_spark)
         if not modes or not set(modes) <= set(WIRE_SPARK_MODES):
             raise ValueError("--wire-spark: choose among local, server")
         epoch_chunks = args.epoch_chunks or 2 * args.segments
@@ -1017,22 +780,12 @@ def main() -> int:
             return 2
         raise
 
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
     t_all = time.perf_counter()
     load = LoadSampler().start()
     cases: list[Case] = []
     gen_notes: list[str] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="wire-nexmark-") as tmpd,
-        bench_store(Path(tmpd)) as store0,
-        _spark_server(
-            Path(tmpd) / "home" / "spark", st.master, "wire" in sides and "server" in modes, gen_notes, log
-        ) as (spark_url, spark_pid),
-    ):
-        tmp = Path(tmpd)
-        server_pid = _server_pid(tmp)
+    with bench_servers("wire-nexmark-", st.master, "wire" in sides and "server" in modes, gen_notes) as srv:
+        tmp = srv.tmp
         for cfg in cfgs:
             data = tmp / f"data-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
             t0 = time.perf_counter()
@@ -1055,25 +808,8 @@ def main() -> int:
             # a fresh bucket and Dagster instance per data set and Wire mode
             wire_envs = {}
             for mode in modes if "wire" in sides else []:
-                from wire_dagster.objectstore import ObjectStore
-
-                cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
-                store = ObjectStore(cfg_s3)
-                store.ensure_bucket()
                 dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}-{mode}"
-                env = dict(os.environ)
-                env.update(cfg_s3.export_env())
-                env.update(
-                    {
-                        "WIRE_PIPELINES": str(pdir),
-                        "WIRE_HOME": str(tmp / "home"),
-                        "DAGSTER_HOME": str(dhome),
-                        "PYSPARK_PYTHON": sys.executable,
-                    }
-                )
-                env.pop("WIRE_SPARK_REMOTE", None)
-                env.pop("WIRE_SPARK_MASTER", None)
-                env.update({"WIRE_SPARK_REMOTE": spark_url} if mode == "server" else {"WIRE_SPARK_MASTER": st.master})
+                store, env = srv.side(pdir, dhome, mode == "server", st.master)
                 t0 = time.perf_counter()
                 _land_side_streams(store, cfg, data, pdir)
                 if not gen_notes[-1].startswith(f"{cfg.label}: persons"):
@@ -1081,10 +817,8 @@ def main() -> int:
                         f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments "
                         f"each, `streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s"
                     )
-                wire_envs[mode] = (env, dhome, cfg_s3)
-            peer_env = dict(os.environ)
-            peer_env.update({"PYSPARK_PYTHON": sys.executable})
-            peer_env.pop("WIRE_SPARK_REMOTE", None)
+                wire_envs[mode] = (env, dhome, store.cfg)
+            peers_env = peer_env()
             for q in queries:
                 log(f"{cfg.label}, {q.name}:")
                 per_mode = []
@@ -1092,17 +826,14 @@ def main() -> int:
                     c = Case(cfg, q, man, mode=mode, t_start=time.time())
                     if mode in wire_envs:
                         env, dhome, cfg_s3 = wire_envs[mode]
-                        # The servers' memory and CPU count for Wire: the S3 server always, the Spark server
-                        # in its mode.
-                        servers = [pid for pid in (server_pid, spark_pid if mode == "server" else None) if pid]
-                        c.wire = run_wire(q, cfg, st, data, env, tmp, servers, log)
+                        c.wire = run_wire(q, cfg, st, data, env, tmp, srv.pids(mode == "server"))
                         c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3)
                         _check_wire_counts(c, c.wire, cfg)
                         log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")
                     per_mode.append(c)
                 spark = duck = None
                 if "spark" in sides:
-                    spark = run_spark_peer(q, data, st, peer_env, tmp, warm=args.warm)
+                    spark = run_spark_peer(q, data, st, peers_env, tmp, warm=args.warm)
                     spark.result, n_sentinel = drop_sentinel(spark.result, sentinel_ms, q)
                     if n_sentinel:
                         per_mode[0].problems.append(f"Spark SS emitted {n_sentinel} sentinel window(s)")
@@ -1111,7 +842,7 @@ def main() -> int:
                         "batches)"
                     )
                 if "duckdb" in sides:
-                    duck = run_duckdb_peer(q, data, st, peer_env, tmp)
+                    duck = run_duckdb_peer(q, data, st, peers_env, tmp)
                     log(f"  duckdb: {duck.wall:.1f} s")
                 for c in per_mode:
                     c.spark, c.duck = spark, duck
@@ -1123,54 +854,11 @@ def main() -> int:
                         log(f"  PROBLEM: {p}")
     load.stop()
     text = report(cases, st, args, time.perf_counter() - t_all, load, gen_notes)
-    print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
     now = datetime.now(UTC)
     path = args.results / f"compare-{now:%Y-%m-%d}.md"
     if path.exists():  # a second run on the same day keeps the first one's report
         path = args.results / f"compare-{now:%Y-%m-%d-%H%M}.md"
-    path.write_text(text)
-    log(f"report written to {path}")
-    if any(c.problems for c in cases):
-        log("RESULTS DIFFER: see the report")
-        return 1
-    return 0
-
-
-@contextlib.contextmanager
-def _spark_server(directory: Path, master: str, wanted: bool, notes: list[str], log):
-    """Wire's embedded Spark server (what `wire spark start` runs) for the "server" mode, started
-    before the timed commands like the S3 server, and stopped by its process group at the end;
-    yields its URL and pid ("", None when not wanted). `directory` is `<WIRE_HOME>/spark` of the
-    Wire commands, so it is their home's embedded server, as with `wire spark start` (its clients
-    share one Connect session: `sparkserver.shared_session_id`)."""
-    if not wanted:
-        yield "", None
-        return
-    from wire_dagster.sparkserver import EmbeddedSpark
-
-    t0 = time.perf_counter()
-    server = EmbeddedSpark(directory)
-    try:
-        url = server.start(master=master)
-        notes.append(
-            f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
-            f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s"
-        )
-        log(notes[-1])
-        info = server.recorded()
-        yield url, int(info["pid"]) if info else None
-    finally:
-        server.stop()
-
-
-def _server_pid(tmp: Path) -> int | None:
-    """The embedded S3 server bench_store started under tmp (None when WIRE_S3_ENDPOINT points elsewhere)."""
-    f = tmp / "s3" / "weed.pid"
-    try:
-        return int(json.loads(f.read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
+    return save_report(text, path, failed=any(c.problems for c in cases))
 
 
 def _land_side_streams(store, cfg: Config, data: Path, pdir: Path) -> None:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import bench_store, cpu_count, md_table
+from benchmarks.common import bench_store, comma_list, cpu_count, md_table
 from benchmarks.kernel import generate, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,7 +226,7 @@ def main() -> None:
         t0 = time.perf_counter()
         spark = get_spark(master=os.environ.get("WIRE_SPARK_MASTER", f"local[{cores}]"), cores=cores)
         print(f"Spark session: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        for size in args.sizes.split(","):
+        for size in comma_list(args.sizes):
             n = parse_size(size)
             stream = f"clicks{n}"
             t0 = time.perf_counter()

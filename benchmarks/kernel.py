@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Self
 
-from benchmarks.common import TreeRss, bench_store, cpu_count, mb, md_table, timed
+from benchmarks.common import TreeRss, bench_store, comma_list, cpu_count, mb, md_table, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK_ROWS = 100_000
@@ -392,8 +392,8 @@ def main() -> int:
         "--users", type=int, default=10_000, help="distinct keys (10 000: most 1-minute windows hold one event)"
     )
     args = ap.parse_args()
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    sizes = [parse_size(s) for s in comma_list(args.sizes)]
+    sets = comma_list(args.sets)
     with_id = not args.no_id
 
     from wire_dagster.sparksession import get_spark

@@ -48,13 +48,11 @@ import random
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import md_table
+from benchmarks.common import md_table, save_report
 from benchmarks.stack import (
-    ACTIVE,
     BenchStack,
     git_rev,
     install_signal_handlers,
@@ -193,34 +191,10 @@ class CommitWatcher:
 
 
 def wait(cond, timeout: float, what: str, bs: BenchStack, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        dead = bs.alive()
-        if dead:
-            raise RuntimeError(f"{what}: {dead}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(every)
+    """Poll `cond` until it returns something (returned); fails at once if a process of the stack died."""
+    from wire_dagster.procgroup import wait_until
 
-
-def check_failures(bs: BenchStack) -> list[dict]:
-    runs = bs.runs()
-    bad = [r for r in runs if r["status"] in ("FAILURE", "CANCELED")]
-    if bad:
-        r = bad[0]
-        msgs = [
-            e["message"]
-            for e in bs.run_events(r["runId"])
-            if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")
-        ]
-        raise RuntimeError(
-            f"run {r['runId']} (partition {r['tags'].get('dagster/partition')}) ended {r['status']}: "
-            + " | ".join(m[:1500] for m in msgs[-3:])
-        )
-    return runs
+    return wait_until(cond, timeout, what, bs.alive, every=every)
 
 
 def run_phases(bs: BenchStack, run: dict, epoch: int) -> dict:
@@ -521,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         def log(s: str) -> None:
             print(s, file=sys.stderr, flush=True)
 
-        try:
+        with bs.stopped_at_end():
             bs.start(log=log)
             watcher = CommitWatcher(bs)
             landings: list[Landing] = []
@@ -530,13 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(n_total):
                 if args.interval == 0:
                     # Closed loop: the previous partition's run has ended, then a random arrival phase.
-                    wait(
-                        lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE],
-                        args.timeout,
-                        "previous runs end",
-                        bs,
-                        every=0.25,
-                    )
+                    wait(bs.runs_ended, args.timeout, "previous runs end", bs, every=0.25)
                     delay = rng.uniform(0, args.sensor_interval)
                     end = time.monotonic() + delay
                     while time.monotonic() < end:  # a deliberate random arrival time, not a wait for a condition
@@ -573,14 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                 bs,
                 every=0.1,
             )
-            wait(
-                lambda: not [r for r in check_failures(bs) if r["status"] in ACTIVE],
-                args.timeout,
-                "the last runs end",
-                bs,
-                every=0.25,
-            )
-            runs = check_failures(bs)
+            wait(bs.runs_ended, args.timeout, "the last runs end", bs, every=0.25)
+            runs = bs.check_runs()
             for x in landings:
                 commit = watcher.commit_of(x.seq)
                 assert commit is not None  # waited for above: every chunk committed
@@ -608,26 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for r in rows
             ]
-        except BaseException:
-            traceback.print_exc()
-            for p in bs.procs:
-                print(f"---- {p.name} log tail ----\n{p.tail(3000)}", file=sys.stderr)
-            raise
-        finally:
-            left = bs.stop()
-            if left:
-                print(f"WARNING: processes left: {left}", file=sys.stderr)
-    print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"latency-{time.strftime('%Y-%m-%d-%H%M')}.md"
-    path.write_text(
-        md
-        + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n"
-        + json.dumps(raw, indent=1, default=str)
-        + "\n```\n</details>\n"
-    )
-    print(f"\nwritten to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", file=sys.stderr)
-    return 0
+    return save_report(md, args.out / f"latency-{time.strftime('%Y-%m-%d-%H%M')}.md", raw=raw)
 
 
 if __name__ == "__main__":

@@ -38,27 +38,32 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.common import bench_store, cpu_count, md_table
-from benchmarks.compare import (
+from benchmarks.common import (
     WIRE,
     LoadSampler,
     Measured,
-    _server_pid,
-    _spark_server,
-    git_commit,
+    Servers,
+    bench_servers,
+    comma_list,
+    cpu_count,
+    log,
     machine,
+    md_table,
+    parse_sides,
+    peer_env,
     run_measured,
-    versions,
+    save_report,
+    software_line,
+    tick_until_idle,
 )
 from benchmarks.nexmark import AUCTION_SCHEMA, BID_SCHEMA, PERSON_SCHEMA, Config, fmt_count, parse_count, write_dataset
 from benchmarks.nexmark_sql import QUERIES, row_diff, rows
@@ -67,7 +72,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NEXMARK = ROOT / "pipelines" / "nexmark"
 STREAMS = {"bids": BID_SCHEMA, "persons": PERSON_SCHEMA, "auctions": AUCTION_SCHEMA}
-MAX_TICKS = 12
 #: `--graph`: the extra arguments of the one tick per query (its last stage's, `--upstream`)
 GRAPH: list[str] = []
 DELAY_MS = 4000  # Spark's watermark delay = the pipelines' max_out_of_orderness (4 s) + allowed lateness (0)
@@ -75,10 +79,6 @@ PAIRINGS = {
     "cold": "cold/cold: each `wire tick` boots local Spark; Spark SS process with its JVM start",
     "warm": "warm/warm: Wire attached to its running Spark server; Spark SS query's 2nd run in a started session",
 }
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def uptime() -> str:
@@ -172,18 +172,8 @@ def wire_query(w: WireSide, q: str, tmp: Path) -> None:
         if GRAPH and name != meta["stages"][-1]:
             w.stages[name] = st  # ticked by the last stage's `--upstream` tick, its time there
             continue
-        for _ in range(MAX_TICKS):
-            m = run_measured([WIRE, "tick", "--pipeline", pipeline, *GRAPH], w.env, tmp, w.servers)
-            if "sensor requested no run" in m.stdout:
-                st.final_tick = m
-                break
-            bad = [ln for ln in m.stdout.splitlines() if ln.startswith("run ") and not ln.endswith("SUCCESS")]
-            if bad:
-                raise SystemExit(f"wire tick --pipeline {pipeline}: {bad}")
-            st.ticks.append(m)
-            st.runs += m.stdout.count("SUCCESS")
-        else:
-            raise SystemExit(f"wire tick --pipeline {pipeline}: still requesting runs after {MAX_TICKS} ticks")
+        st.ticks, st.final_tick = tick_until_idle(pipeline, w.env, tmp, w.servers, GRAPH)
+        st.runs = sum(m.stdout.count("SUCCESS") for m in st.ticks)
         w.stages[name] = st
         log(f"  wire ({w.pairing}) {name}: {st.wall:.1f} s in {len(st.ticks)} ticks, {st.runs} runs")
     spec = load_pipeline(NEXMARK / f"{meta['stages'][-1]}.yaml")
@@ -243,7 +233,7 @@ def spark_peer(q: str, data: Path, master: str, env: dict, tmp: Path, warm: bool
     cmd = [sys.executable, str(HERE / "nexmark_sql.py"), "spark", "--query", q, "--data", str(data)]
     cmd += ["--out", str(out), "--delay-ms", str(DELAY_MS), "--master", master] + (["--warm"] if warm else [])
     m = run_measured(cmd, env, tmp, [])
-    info = json.loads(m.stdout.strip().splitlines()[-1])
+    info = m.last_json()
     if "refused" in info:
         return Peer(info=info, refused=info["refused"])
     cols = QUERIES[q]["columns"]
@@ -262,7 +252,7 @@ def duckdb_peer(q: str, data: Path, env: dict, tmp: Path) -> Peer:
     out = tmp / f"duckdb-{q}-{uuid.uuid4().hex[:6]}.parquet"
     cmd = [sys.executable, str(HERE / "nexmark_sql.py"), "duckdb", "--query", q, "--data", str(data), "--out", str(out)]
     m = run_measured(cmd, env, tmp, [])
-    info = json.loads(m.stdout.strip().splitlines()[-1])
+    info = m.last_json()
     return Peer(m.wall, m.cpu, info, rows(pq.read_table(out), QUERIES[q]["columns"]))
 
 
@@ -283,7 +273,8 @@ class Case:
     load: dict[str, tuple[float | None, str, str]] = field(default_factory=dict)  # query -> mean, uptime before/after
 
 
-def run_case(cfg: Config, args, tmp: Path, store0, spark_url: str, spark_pid: int | None, sampler) -> Case:
+def run_case(cfg: Config, args, srv: Servers, sampler) -> Case:
+    tmp = srv.tmp
     t0 = time.perf_counter()
     data = tmp / f"data-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
     man = lay_out(cfg, data)
@@ -291,32 +282,13 @@ def run_case(cfg: Config, args, tmp: Path, store0, spark_url: str, spark_pid: in
     log(f"{cfg.label}: generated in {c.gen_s:.1f} s: {man['counts']}")
     pdir = tmp / f"pipelines-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}"
     shutil.copytree(NEXMARK, pdir)
-    from wire_dagster.objectstore import ObjectStore
-
     streams = sorted({s for q in args.queries for s in QUERIES[q]["streams"]})
-    s3_pid = _server_pid(tmp)
     for pairing in args.pairings if "wire" in args.sides else []:
-        cfg_s3 = replace(store0.cfg, bucket="nx-" + uuid.uuid4().hex[:8])
-        store = ObjectStore(cfg_s3)
-        store.ensure_bucket()
-        env = dict(os.environ)
-        env.update(cfg_s3.export_env())
-        env.update(
-            {
-                "WIRE_PIPELINES": str(pdir),
-                "WIRE_HOME": str(tmp / "home"),
-                "DAGSTER_HOME": str(tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}-{pairing}"),
-                "PYSPARK_PYTHON": sys.executable,
-            }
-        )
-        env.pop("WIRE_SPARK_REMOTE", None)
-        env.pop("WIRE_SPARK_MASTER", None)
-        env.update({"WIRE_SPARK_REMOTE": spark_url} if pairing == "warm" else {"WIRE_SPARK_MASTER": args.master})
-        servers = [p for p in (s3_pid, spark_pid if pairing == "warm" else None) if p]
-        w = c.wire[pairing] = WireSide(pairing, env, store, servers)
+        dhome = tmp / f"dagster-{fmt_count(cfg.events)}-{fmt_count(cfg.keys)}-{pairing}"
+        store, env = srv.side(pdir, dhome, pairing == "warm", args.master)
+        w = c.wire[pairing] = WireSide(pairing, env, store, srv.pids(pairing == "warm"))
         wire_ingest(w, cfg, data, streams, tmp)
-    peer_env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    peer_env.pop("WIRE_SPARK_REMOTE", None)
+    peers_env = peer_env()
     for q in args.queries:
         log(f"{cfg.label}, {q}:")
         t_q, before = time.time(), uptime()
@@ -324,10 +296,10 @@ def run_case(cfg: Config, args, tmp: Path, store0, spark_url: str, spark_pid: in
             wire_query(w, q, tmp)
         if "spark" in args.sides:
             for pairing in args.pairings:
-                p = c.spark[(pairing, q)] = spark_peer(q, data, args.master, peer_env, tmp, warm=pairing == "warm")
+                p = c.spark[(pairing, q)] = spark_peer(q, data, args.master, peers_env, tmp, warm=pairing == "warm")
                 log(f"  spark ({pairing}): " + (f"{p.wall:.1f} s" if p.wall is not None else f"refused: {p.refused}"))
         if "duckdb" in args.sides:
-            d = c.duck[q] = duckdb_peer(q, data, peer_env, tmp)
+            d = c.duck[q] = duckdb_peer(q, data, peers_env, tmp)
             log(f"  duckdb: {d.wall:.1f} s, {len(d.result or []):,} rows")
         c.load[q] = (sampler.mean(t_q, time.time()), before, uptime())
         compare(c, q, args)
@@ -396,9 +368,7 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
         f"{sampler.max():.1f} ({cpu_count()} cores, shared with other work: the ratios within one run are what "
         f"count); total {t_total / 60:.1f} min"
     )
-    out.append(
-        f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)"
-    )
+    out.append(software_line())
     out.append(
         "- Wire: the pipeline files of pipelines/nexmark/ unchanged (watermark 4 s on the raw stages, 0 s on the "
         "derived ones, no lateness, 1-minute partitions, ids de-duplicated, default budgets: an epoch reads every "
@@ -616,17 +586,15 @@ def main() -> int:
     args = ap.parse_args()
     GRAPH[:] = ["--upstream"] if args.graph else []
     try:
-        sizes = [parse_count(s) for s in args.events.split(",") if s.strip()]
-        keys = [parse_count(s) for s in args.keys.split(",") if s.strip()]
-        args.queries = [x.strip() for x in args.queries.split(",") if x.strip()]
-        args.pairings = [x.strip() for x in args.pairings.split(",") if x.strip()]
-        args.sides = {x.strip() for x in args.sides.split(",") if x.strip()}
+        sizes = [parse_count(s) for s in comma_list(args.events)]
+        keys = [parse_count(s) for s in comma_list(args.keys)]
+        args.queries = comma_list(args.queries)
+        args.pairings = comma_list(args.pairings)
+        args.sides = parse_sides(args.sides)
         if not args.queries or not set(args.queries) <= set(QUERIES):
             raise ValueError(f"--queries: choose among {', '.join(QUERIES)}")
         if not args.pairings or not set(args.pairings) <= set(PAIRINGS):
             raise ValueError("--pairings: choose among cold, warm")
-        if not args.sides or not args.sides <= {"wire", "spark", "duckdb"}:
-            raise ValueError("--sides: choose among wire, spark, duckdb")
         cfgs = [Config(events=n, keys=k, seed=args.seed, segments=args.segments) for n in sizes for k in keys]
         if cfgs and cfgs[0].disorder_bound_ms() > DELAY_MS:
             raise ValueError("the generator's disorder bound exceeds the pipelines' 4 s out-of-orderness")
@@ -642,26 +610,15 @@ def main() -> int:
     notes = [f"uptime at the start: {uptime()}"]
     cases = []
     want_server = "wire" in args.sides and "warm" in args.pairings
-    with (
-        tempfile.TemporaryDirectory(prefix="wire-nexmark-q-") as tmpd,
-        bench_store(Path(tmpd)) as store0,
-        _spark_server(Path(tmpd) / "home" / "spark", args.master, want_server, notes, log) as (url, spark_pid),
-    ):
+    with bench_servers("wire-nexmark-q-", args.master, want_server, notes) as srv:
         for cfg in cfgs:
-            cases.append(run_case(cfg, args, Path(tmpd), store0, url, spark_pid, sampler))
+            cases.append(run_case(cfg, args, srv, sampler))
     sampler.stop()
     notes.append(f"uptime at the end: {uptime()}")
     text = report(cases, args, time.perf_counter() - t_all, sampler, notes)
-    print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
     now = datetime.now(UTC)
     path = args.results / f"nexmark-{now:%Y-%m-%d-%H%M}{('-' + args.name) if args.name else ''}.md"
-    path.write_text(text)
-    log(f"report written to {path}")
-    if any(c.problems for c in cases):
-        log("RESULTS DIFFER: see the report")
-        return 1
-    return 0
+    return save_report(text, path, failed=any(c.problems for c in cases))
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ AnalysisException at start), the JSON line carries the error's first line instea
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
+
+from benchmarks.peers import batches, parquet_sink, spark_process, timed_sql, write_duckdb_result
 
 # ---------------------------------------------------------------------------
 # DuckDB: the reference SQL (tables persons, auctions, bids)
@@ -150,18 +151,9 @@ def duckdb_tables(data: Path) -> dict[str, str]:
     }
 
 
-def run_duckdb(query: str, data: Path, threads: int) -> tuple[pa.Table, float]:
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"SET threads={threads}")
-    t0 = time.perf_counter()
-    for name, expr in duckdb_tables(data).items():
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM {expr}")
-    t = con.sql(SQL[query]).to_arrow_table()
-    dt = time.perf_counter() - t0
-    con.close()
-    return t, dt
+def run_duckdb(query: str, data: Path, threads: int = 0) -> tuple[pa.Table, float]:
+    """The reference SQL of `query` over the generator's files in `data` (threads 0: the cores)."""
+    return timed_sql(SQL[query], threads, duckdb_tables(data))
 
 
 # ---------------------------------------------------------------------------
@@ -243,15 +235,7 @@ def run_spark(spark, query: str, data: Path, out: Path, ckpt: Path, delay_ms: in
     {"refused": first line of Spark's error} when Spark will not start the query."""
     t0 = time.perf_counter()
     try:
-        sq = (
-            spark_query(spark, query, data, delay_ms)
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(ckpt))
-            .outputMode("append")
-            .trigger(availableNow=True)
-            .start()
-        )
+        sq = parquet_sink(spark_query(spark, query, data, delay_ms), out, ckpt)
     except Exception as e:  # AnalysisException & co: Spark SS cannot express the query this way
         return {"refused": f"{type(e).__name__}: {_first_line(e)}"}
     try:
@@ -259,8 +243,7 @@ def run_spark(spark, query: str, data: Path, out: Path, ckpt: Path, delay_ms: in
     except Exception as e:  # StreamingQueryException: refused in the first batch's planning, or failed
         return {"refused": f"{type(e).__name__}: {_first_line(e)}"}
     dt = time.perf_counter() - t0
-    prog = sq.recentProgress
-    return {"seconds": dt, "batches": max((p["batchId"] for p in prog), default=-1) + 1}
+    return {"seconds": dt, "batches": batches(sq.recentProgress)}
 
 
 # ---------------------------------------------------------------------------
@@ -278,28 +261,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="DuckDB threads (default: the cores)")
     a = ap.parse_args()
     if a.engine == "duckdb":
-        import pyarrow.parquet as pq
-
-        from benchmarks.common import cpu_count
-
-        t, dt = run_duckdb(a.query, a.data, a.threads or cpu_count())
-        pq.write_table(t, a.out)
-        print(json.dumps({"seconds": dt, "rows": t.num_rows}))
+        write_duckdb_result(*run_duckdb(a.query, a.data, a.threads), a.out)
         return 0
 
-    from wire_dagster.sparksession import get_spark
+    def run(spark, name: str) -> dict:
+        return run_spark(spark, a.query, a.data, a.out / name, a.out / f"ckpt-{name}", a.delay_ms)
 
-    t0 = time.perf_counter()
-    spark = get_spark(master=a.master, app=f"nexmark-{a.query}")
-    spark.range(1).count()
-    res: dict = {"session_seconds": time.perf_counter() - t0}
-    try:
-        res.update(run_spark(spark, a.query, a.data, a.out / "first", a.out / "ckpt-first", a.delay_ms))
-        if a.warm and "refused" not in res:
-            res["warm"] = run_spark(spark, a.query, a.data, a.out / "warm", a.out / "ckpt-warm", a.delay_ms)
-    finally:
-        spark.stop()
-    print(json.dumps(res))
+    spark_process(a.master, f"nexmark-{a.query}", run, "first", a.warm)
     return 0
 
 

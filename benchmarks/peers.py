@@ -29,8 +29,10 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -165,14 +167,44 @@ def spark_stream(spark, q: Query, src: Path, out: Path, ckpt: Path, delay_ms: in
         F.unix_millis(F.col(f"{wcol}.end")).alias("window_end"),
         F.col(q.column),
     )
+    return parquet_sink(res, out, ckpt)
+
+
+def parquet_sink(df, out: Path, ckpt: Path):
+    """Start the streaming DataFrame `df` into a Parquet sink at `out` in append mode (a window is
+    written once, when the watermark passes its end: its final result), Trigger.AvailableNow."""
     return (
-        res.writeStream.format("parquet")
+        df.writeStream.format("parquet")
         .option("path", str(out))
         .option("checkpointLocation", str(ckpt))
         .outputMode("append")
         .trigger(availableNow=True)
         .start()
     )
+
+
+def batches(progress: list) -> int:
+    """How many micro-batches a finished query ran, from its recent progress (last batch id + 1)."""
+    return max((p["batchId"] for p in progress), default=-1) + 1
+
+
+def spark_process(master: str, app: str, run: Callable[[Any, str], dict], first: str, warm: bool) -> None:
+    """The Spark side of a peer process: a session (its start timed, a first job included), the
+    query's run `run(spark, first)` and, with `warm`, its second run `run(spark, "warm")` in the same
+    session (unless the first was refused); prints the figures as one JSON line."""
+    from wire_dagster.sparksession import get_spark
+
+    t0 = time.perf_counter()
+    spark = get_spark(master=master, app=app)
+    spark.range(1).count()
+    res: dict = {"session_seconds": time.perf_counter() - t0}
+    try:
+        res.update(run(spark, first))
+        if warm and "refused" not in res:
+            res["warm"] = run(spark, "warm")
+    finally:
+        spark.stop()
+    print(json.dumps(res))
 
 
 def run_spark(spark, q: Query, src: Path, out: Path, ckpt: Path, delay_ms: int, max_files: int, dedup: bool) -> dict:
@@ -185,7 +217,7 @@ def run_spark(spark, q: Query, src: Path, out: Path, ckpt: Path, delay_ms: int, 
     prog = sq.recentProgress  # the last 100 batches (spark.sql.streaming.numRecentProgressUpdates)
     return {
         "seconds": dt,
-        "batches": max((p["batchId"] for p in prog), default=-1) + 1,
+        "batches": batches(prog),
         "input_rows": sum(p.get("numInputRows", 0) for p in prog) if len(prog) < 100 else None,
     }
 
@@ -240,6 +272,12 @@ def duckdb_sql(q: Query, src_glob: str, dedup: bool) -> str:
 
 
 def run_duckdb(q: Query, src: Path, dedup: bool, threads: int | None = None) -> tuple[pa.Table, float]:
+    return timed_sql(duckdb_sql(q, str(src / "r*.parquet"), dedup), threads)
+
+
+def timed_sql(sql: str, threads: int | None = None, views: dict[str, str] | None = None) -> tuple[pa.Table, float]:
+    """`sql` in a fresh DuckDB with `threads` threads (default: the cores), after creating `views`
+    (name -> table expression); its result and the seconds it took, the views' creation included."""
     import duckdb
 
     from benchmarks.common import cpu_count
@@ -247,10 +285,20 @@ def run_duckdb(q: Query, src: Path, dedup: bool, threads: int | None = None) -> 
     con = duckdb.connect()
     con.execute(f"SET threads={threads or cpu_count()}")
     t0 = time.perf_counter()
-    t = con.sql(duckdb_sql(q, str(src / "r*.parquet"), dedup)).to_arrow_table()
+    for name, expr in (views or {}).items():
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM {expr}")
+    t = con.sql(sql).to_arrow_table()
     dt = time.perf_counter() - t0
     con.close()
     return t, dt
+
+
+def write_duckdb_result(t: pa.Table, seconds: float, out: Path) -> None:
+    """A DuckDB peer's result to the Parquet file `out`, and its figures as one JSON line."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(t, out)
+    print(json.dumps({"seconds": seconds, "rows": t.num_rows}))
 
 
 # ---------------------------------------------------------------------------
@@ -270,28 +318,13 @@ def main() -> int:
     a = ap.parse_args()
     q = QUERIES[a.query]
     if a.engine == "duckdb":
-        t, dt = run_duckdb(q, a.src, a.dedup)
-        import pyarrow.parquet as pq
-
-        pq.write_table(t, a.out)
-        print(json.dumps({"seconds": dt, "rows": t.num_rows}))
+        write_duckdb_result(*run_duckdb(q, a.src, a.dedup), a.out)
         return 0
 
-    from wire_dagster.sparksession import get_spark
+    def run(spark, name: str) -> dict:
+        return run_spark(spark, q, a.src, a.out / name, a.out / f"ckpt-{name}", a.delay_ms, a.max_files, a.dedup)
 
-    t0 = time.perf_counter()
-    spark = get_spark(master=a.master, app=f"nexmark-{q.name}")
-    spark.range(1).count()
-    t_session = time.perf_counter() - t0
-    try:
-        res = run_spark(spark, q, a.src, a.out / "cold", a.out / "ckpt-cold", a.delay_ms, a.max_files, a.dedup)
-        res["session_seconds"] = t_session
-        if a.warm:
-            w = run_spark(spark, q, a.src, a.out / "warm", a.out / "ckpt-warm", a.delay_ms, a.max_files, a.dedup)
-            res["warm"] = w
-    finally:
-        spark.stop()
-    print(json.dumps(res))
+    spark_process(a.master, f"nexmark-{q.name}", run, "cold", a.warm)
     return 0
 
 

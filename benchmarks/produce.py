@@ -20,9 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from dataclasses import replace
 from pathlib import Path
+
+from benchmarks.common import WIRE, bench_store, md_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE = ROOT / "pipelines" / "clicks.yaml"
@@ -106,61 +106,48 @@ def main() -> int:
         child(*args.child)
         return 0
 
-    from wire_dagster.embedded import EmbeddedS3
-    from wire_dagster.objectstore import ObjectStore, S3Config
-
-    with tempfile.TemporaryDirectory(prefix="wire-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="wire-bench-") as tmp, bench_store(Path(tmp)) as store:
         tmpd = Path(tmp)
-        server = None
-        cfg = S3Config.from_env()
-        if cfg is None:
-            server = EmbeddedS3(tmpd / "s3")
-            cfg = server.start()
-        try:
-            cfg = replace(cfg, bucket="bench-" + uuid.uuid4().hex[:8])
-            ObjectStore(cfg).ensure_bucket()
-            env = dict(os.environ, **cfg.export_env(), WIRE_HOME=str(tmpd / "home"))
-            t0 = time.perf_counter()
-            jl, pqf = generate(args.events, args.seed, tmpd)
-            print(
-                f"generated {args.events} events in {time.perf_counter() - t0:.1f}s: "
-                f"JSONL {jl.stat().st_size / 1e6:.0f} MB, Parquet {pqf.stat().st_size / 1e6:.0f} MB",
-                file=sys.stderr,
-            )
-            rows = []
-            wire = str(Path(sys.executable).parent / "wire")
-            for fmt, path in (("JSONL", jl), ("Parquet", pqf)):
-                seg = f"bench-{fmt.lower()}"
-                wall, cpu, rss, so = run_measured([sys.executable, __file__, "--child", str(path), seg + "-api"], env)
-                res = json.loads(so.strip().splitlines()[-1])
-                assert res["events"] == args.events and res["malformed"] == 0, res
-                rows.append(
-                    (fmt, "streams.produce", path.stat().st_size, res["seconds"], res["cpu"], res["chunks"], rss)
+        env = dict(os.environ, **store.cfg.export_env(), WIRE_HOME=str(tmpd / "home"))
+        t0 = time.perf_counter()
+        jl, pqf = generate(args.events, args.seed, tmpd)
+        print(
+            f"generated {args.events} events in {time.perf_counter() - t0:.1f}s: "
+            f"JSONL {jl.stat().st_size / 1e6:.0f} MB, Parquet {pqf.stat().st_size / 1e6:.0f} MB",
+            file=sys.stderr,
+        )
+        rows = []
+        for fmt, path in (("JSONL", jl), ("Parquet", pqf)):
+            seg = f"bench-{fmt.lower()}"
+            wall, cpu, rss, so = run_measured([sys.executable, __file__, "--child", str(path), seg + "-api"], env)
+            res = json.loads(so.strip().splitlines()[-1])
+            assert res["events"] == args.events and res["malformed"] == 0, res
+            rows.append((fmt, "streams.produce", path.stat().st_size, res["seconds"], res["cpu"], res["chunks"], rss))
+            if not args.no_cli:
+                wall, cpu, rss, _ = run_measured(
+                    [WIRE, "produce", "--pipeline", str(PIPELINE), "--file", str(path), "--segment", seg + "-cli"], env
                 )
-                if not args.no_cli:
-                    wall, cpu, rss, _ = run_measured(
-                        [wire, "produce", "--pipeline", str(PIPELINE), "--file", str(path), "--segment", seg + "-cli"],
-                        env,
-                    )
-                    rows.append(
-                        (fmt, "wire produce (whole command)", path.stat().st_size, wall, cpu, res["chunks"], rss)
-                    )
-        finally:
-            if server is not None:
-                server.stop()
+                rows.append((fmt, "wire produce (whole command)", path.stat().st_size, wall, cpu, res["chunks"], rss))
     load = os.getloadavg()[0]
     print(
         f"\n{args.events:,} events (pipeline clicks, seed {args.seed}), {os.cpu_count()} CPUs, load average "
         f"{load:.1f}\n"
     )
-    print("| input | measured | file MB | wall s | events/s | CPU s | chunks | peak RSS MB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for fmt, what, size, sec, cpu, chunks, rss in rows:
-        cpu_s = f"{cpu:.1f}"
-        print(
-            f"| {fmt} | {what} | {size / 1e6:.0f} | {sec:.2f} | {args.events / sec:,.0f} | {cpu_s} | {chunks} | "
-            f"{rss / 1e6:.0f} |"
-        )
+    head = ["input", "measured", "file MB", "wall s", "events/s", "CPU s", "chunks", "peak RSS MB"]
+    cells = [
+        [
+            fmt,
+            what,
+            f"{size / 1e6:.0f}",
+            f"{sec:.2f}",
+            f"{args.events / sec:,.0f}",
+            f"{cpu:.1f}",
+            chunks,
+            f"{rss / 1e6:.0f}",
+        ]
+        for fmt, what, size, sec, cpu, chunks, rss in rows
+    ]
+    print(md_table(head, cells, "llrrrrrr"))
     return 0
 
 

@@ -48,9 +48,9 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
+from benchmarks.common import comma_list, save_report
 from benchmarks.latency import OOO, CommitWatcher, M, chunk_events, pipeline_dict, run_phases, wait
 from benchmarks.stack import (
     ACTIVE,
@@ -77,23 +77,6 @@ def land(bs: BenchStack, tmp: Path, t0: int, k: int, n: int, rng: random.Random,
         raise RuntimeError(f"chunk {k}: produce wrote {rep}")
     inputs[rep.chunks[0]] = evs
     return rep.chunks[0], t
-
-
-def runs_ended(bs: BenchStack, allowed_failures: set[str]) -> bool:
-    runs = bs.runs()
-    bad = [r for r in runs if r["status"] in ("FAILURE", "CANCELED") and r["runId"] not in allowed_failures]
-    if bad:
-        r = bad[0]
-        msgs = [
-            e["message"]
-            for e in bs.run_events(r["runId"])
-            if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")
-        ]
-        raise RuntimeError(
-            f"run {r['runId']} ({r['tags'].get('dagster/partition')}) ended {r['status']}: "
-            + " | ".join(m[:1500] for m in msgs[-3:])
-        )
-    return not any(r["status"] in ACTIVE for r in runs)
 
 
 def pid_gone(pid: int) -> bool:
@@ -240,14 +223,14 @@ def scenario(name: str, args, tmp: Path) -> dict:
 
     inputs: dict[int, list[dict]] = {}
     out: dict = {"scenario": name, "instance": overrides or "project"}
-    try:
+    with bs.stopped_at_end(diagnose=lambda: print_runs(bs)):
         bs.start(log=log)
         watcher = CommitWatcher(bs)
         for k in range(args.warmup):
             seq, t_land = land(bs, tmp, t0, k, args.events_per_chunk, rng, inputs)
             c = wait(lambda s=seq: watcher.committed(s), args.timeout, f"commit of warm-up chunk {k}", bs)
             log(f"warm-up k={k}: committed epoch {c.epoch} {c.t_seen - t_land:.1f}s after landing")
-            wait(lambda: runs_ended(bs, set()), args.timeout, "warm-up runs end", bs, every=0.25)
+            wait(bs.runs_ended, args.timeout, "warm-up runs end", bs, every=0.25)
 
         # ---- the victim: hold its run before Spark, let it go, kill it while a Spark job of its epoch runs
         k = args.warmup
@@ -379,17 +362,7 @@ def scenario(name: str, args, tmp: Path) -> dict:
             log(f"landed the next chunk k={k + 1}; waiting up to {args.stuck_wait:.0f}s for a commit")
             ok = watch(args.stuck_wait)
         runs = sorted(bs.runs(), key=lambda r: r["creationTime"])
-        out["runs"] = [
-            {
-                "id": x["runId"][:8],
-                "status": x["status"],
-                "partition": x["tags"].get("dagster/partition"),
-                "epoch": x["tags"].get("wire/epoch"),
-                "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
-                "created_after_kill": round(x["creationTime"] - t_kill, 2),
-            }
-            for x in runs
-        ]
+        out["runs"] = run_rows(runs, t_kill)
         if not ok:
             out["pools_at_end"] = bs.pools()
             stuck = [r for r in runs if r["status"] in ACTIVE]
@@ -411,7 +384,7 @@ def scenario(name: str, args, tmp: Path) -> dict:
             c = watcher.commit_of(seq)
             assert c is not None  # ok: watch() saw it, and commits are never forgotten
             timeline["commit marker seen"] = c.t_seen
-            wait(lambda: runs_ended(bs, {victim["runId"]}), args.timeout, "runs end", bs, every=0.25)
+            wait(lambda: bs.runs_ended({victim["runId"]}), args.timeout, "runs end", bs, every=0.25)
             runs = sorted(bs.runs(), key=lambda r: r["creationTime"])
             committing = None
             for r in runs:
@@ -446,17 +419,7 @@ def scenario(name: str, args, tmp: Path) -> dict:
                 next_land_to_commit=(c.t_seen - next_land) if next_land else None,
                 commit={"epoch": c.epoch, "chunks_upto": c.upto, "events_in": c.events_in},
             )
-            out["runs"] = [
-                {
-                    "id": x["runId"][:8],
-                    "status": x["status"],
-                    "partition": x["tags"].get("dagster/partition"),
-                    "epoch": x["tags"].get("wire/epoch"),
-                    "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
-                    "created_after_kill": round(x["creationTime"] - t_kill, 2),
-                }
-                for x in runs
-            ]
+            out["runs"] = run_rows(runs, t_kill)
             log(f"recovered: commit of epoch {c.epoch} {c.t_seen - t_kill:.2f}s after the kill, by {recovered_by}")
         out["timeline"] = timeline
 
@@ -471,25 +434,36 @@ def scenario(name: str, args, tmp: Path) -> dict:
         mats = {w.name: materialized(bs, w.name, parts) for w in bs.spec.windows}
         out["materialized"] = {p: all(p in mats[w] for w in mats) for p in parts}
         return out
-    except BaseException:
-        traceback.print_exc()
-        try:
-            for r in sorted(bs.runs(), key=lambda r: r["creationTime"]):
-                tail = [(e["eventType"] or e["type"], e["message"][:150]) for e in bs.run_events(r["runId"])[-4:]]
-                print(
-                    f"run {r['runId'][:8]} {r['status']} {r['tags'].get('dagster/partition')} "
-                    f"e{r['tags'].get('wire/epoch')}: {tail}",
-                    file=sys.stderr,
-                )
-        except (OSError, RuntimeError, KeyError) as e:  # diagnostics only
-            print(f"(runs not listed: {e})", file=sys.stderr)
-        for p in bs.procs:
-            print(f"---- {p.name} log tail ----\n{p.tail(3000)}", file=sys.stderr)
-        raise
-    finally:
-        left = bs.stop()
-        if left:
-            print(f"WARNING: processes left: {left}", file=sys.stderr)
+
+
+def print_runs(bs: BenchStack) -> None:
+    """Every run of the stack with its last events, on stderr: the diagnosis of a failed scenario."""
+    try:
+        for r in sorted(bs.runs(), key=lambda r: r["creationTime"]):
+            tail = [(e["eventType"] or e["type"], e["message"][:150]) for e in bs.run_events(r["runId"])[-4:]]
+            print(
+                f"run {r['runId'][:8]} {r['status']} {r['tags'].get('dagster/partition')} "
+                f"e{r['tags'].get('wire/epoch')}: {tail}",
+                file=sys.stderr,
+            )
+    except (OSError, RuntimeError, KeyError) as e:  # diagnostics only
+        print(f"(runs not listed: {e})", file=sys.stderr)
+
+
+def run_rows(runs: list[dict], t_kill: float) -> list[dict]:
+    """The runs as the report lists them: short id, status, partition, epoch, retry of, created
+    when (s after the kill)."""
+    return [
+        {
+            "id": x["runId"][:8],
+            "status": x["status"],
+            "partition": x["tags"].get("dagster/partition"),
+            "epoch": x["tags"].get("wire/epoch"),
+            "retry_of": (x["tags"].get("dagster/parent_run_id") or "")[:8],
+            "created_after_kill": round(x["creationTime"] - t_kill, 2),
+        }
+        for x in runs
+    ]
 
 
 def report(args, results: list[dict], load0: str, load1: str, wall: float) -> str:
@@ -642,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="bound on any one wait (s)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    names = comma_list(args.scenarios)
     if not names or any(s not in SCENARIOS for s in names) or args.warmup < 1:
         ap.error(f"--scenarios: some of {', '.join(SCENARIOS)}; --warmup >= 1")
     install_signal_handlers()
@@ -654,18 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"wire-recovery-{name}-") as tmpd:
             results.append(scenario(name, args, Path(tmpd)))
     md = report(args, results, load0, uptime(), time.monotonic() - start)
-    print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"recovery-{time.strftime('%Y-%m-%d-%H%M')}.md"
-    path.write_text(
-        md
-        + "\n<details><summary>raw measurements (JSON)</summary>\n\n```json\n"
-        + json.dumps(results, indent=1, default=str)
-        + "\n```\n</details>\n"
-    )
-    print(f"\nwritten to {path}", file=sys.stderr)
-    bad = [r["scenario"] for r in results if r["check"]["problems"]]
-    return 1 if bad else 0
+    return save_report(md, path, failed=any(r["check"]["problems"] for r in results), raw=results)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,18 @@ benchmarks call from a `finally` (SIGTERM and Ctrl-C included: `install_signal_h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from benchmarks.common import CONNECT_CONF, clean_env
+from benchmarks.common import CONNECT_CONF, clean_env, git, git_commit
 from wire_dagster.procgroup import Proc, free_port, wait_until
 
 if TYPE_CHECKING:
@@ -173,8 +176,7 @@ class BenchStack:
             log(f"dagster dev at {self.url}, code location loaded ({time.monotonic() - t0:.1f}s)")
             return self
         except BaseException:
-            for p in self.procs:
-                print(f"---- {p.name} log tail ----\n{p.tail(4000)}", file=sys.stderr)
+            self.print_tails(4000)
             if self.spark is not None:
                 print(f"---- spark-connect log tail ----\n{self.spark._log_tail(4000)}", file=sys.stderr)
             self.stop()
@@ -184,6 +186,49 @@ class BenchStack:
         return next((p.dead() for p in self.procs if p.dead()), None) or (
             self.spark.dead() if self.spark is not None else None
         )
+
+    def print_tails(self, chars: int) -> None:
+        """The last `chars` characters of each process's log, on stderr (what a failure needs)."""
+        for p in self.procs:
+            print(f"---- {p.name} log tail ----\n{p.tail(chars)}", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def stopped_at_end(self, diagnose: Callable[[], None] = lambda: None) -> Iterator[BenchStack]:
+        """A benchmark's body on the stack: on failure (Ctrl-C and SIGTERM included) the traceback,
+        `diagnose()` and the processes' log tails go to stderr; the stack is stopped either way."""
+        try:
+            yield self
+        except BaseException:
+            traceback.print_exc()
+            diagnose()
+            self.print_tails(3000)
+            raise
+        finally:
+            left = self.stop()
+            if left:
+                print(f"WARNING: processes left: {left}", file=sys.stderr)
+
+    def check_runs(self, allowed_failures: Collection[str] = ()) -> list[dict]:
+        """The stack's runs; RuntimeError naming the first that failed or was canceled (but those
+        in `allowed_failures`: runs the benchmark killed itself), with its last failure messages."""
+        runs = self.runs()
+        bad = [r for r in runs if r["status"] in ("FAILURE", "CANCELED") and r["runId"] not in allowed_failures]
+        if bad:
+            r = bad[0]
+            msgs = [
+                e["message"]
+                for e in self.run_events(r["runId"])
+                if e["eventType"] in ("STEP_FAILURE", "RUN_FAILURE", "ENGINE_EVENT")
+            ]
+            raise RuntimeError(
+                f"run {r['runId']} (partition {r['tags'].get('dagster/partition')}) ended {r['status']}: "
+                + " | ".join(m[:1500] for m in msgs[-3:])
+            )
+        return runs
+
+    def runs_ended(self, allowed_failures: Collection[str] = ()) -> bool:
+        """No run of the stack still active (check_runs: a failed one not allowed raises)."""
+        return not any(r["status"] in ACTIVE for r in self.check_runs(allowed_failures))
 
     def stop(self) -> dict[str, list]:
         """Stop dagster dev, then Spark Connect (each by its process group), then the S3 server; what
@@ -344,24 +389,6 @@ class BenchStack:
 
         return Checkpoints(self.store, self.spec.name).marker_key(epoch)
 
-    def wait_marker(self, epoch: int, timeout: float, poll: float = 0.1, alive=None) -> float:
-        """Poll (HEAD every `poll` s) until epoch's commit marker exists; the wall time it was first seen.
-
-        SeaweedFS's LastModified has whole-second precision (HEAD and LIST alike), so the time a
-        marker was written is bracketed instead: after the manifest's created_ms (written just
-        before the marker) and before this first sighting (at most `poll` s + one HEAD late)."""
-        key = self.marker_key(epoch)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.store.head(key) is not None:
-                return time.time()
-            dead = (alive or self.alive)()
-            if dead:
-                raise RuntimeError(f"waiting for the commit marker of epoch {epoch}: {dead}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the commit marker of epoch {epoch} did not appear within {timeout:.0f}s")
-            time.sleep(poll)
-
     def manifest(self, epoch: int):
         from wire_dagster.checkpoint import Checkpoints
 
@@ -370,39 +397,11 @@ class BenchStack:
 
 def git_rev() -> str:
     """HEAD, plus the code files runs import that differ from it (others edit this working tree meanwhile)."""
-    try:
-        rev = (
-            subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            ).stdout.strip()
-            or "?"
-        )
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(ROOT),
-                "status",
-                "--porcelain",
-                "--",
-                "wire_dagster",
-                "assets",
-                "sensors",
-                "resources",
-                "definitions.py",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout.split("\n")
-    except (OSError, subprocess.TimeoutExpired):
+    rev = git_commit() or "?"
+    dirty = git("status", "--porcelain", "--", "wire_dagster", "assets", "sensors", "resources", "definitions.py")
+    if dirty is None:
         return "?"
-    files = [line[3:] for line in dirty if line.strip()]
+    files = [line[3:] for line in dirty.split("\n") if line.strip()]
     return rev + (f" (uncommitted changes in {', '.join(files)})" if files else "")
 
 

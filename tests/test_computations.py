@@ -532,7 +532,6 @@ def test_code_that_cannot_be_loaded_fails_the_run_in_one_line(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("change", "says"),
     [
-        ({"windows": [{"name": "w", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}]}, "not built yet"),
         ({"computations": [{"name": "c", "code": "quiet", "outputs": ["o"]}]}, "is not module:Class"),
         ({"computations": [{"name": "c", "code": "q:Q", "outputs": []}]}, "computations.c.outputs"),
         ({"computations": [{"name": "c", "input": "x", "code": "q:Q", "outputs": ["o"]}]}, "no input named 'x'"),

@@ -38,14 +38,25 @@ then runs every computation per key:
 
 Counts per epoch (manifest `counts`): `events_in` = records read; `counted[c]` = the records
 computation c accounted for — delivered (late included, errors included) plus the change of its
-buffer — so `events_in == counted + malformed + filtered` holds per computation. The manifest's
-`computed` holds, per computation, the epoch's other counters (timers fired, errors, produced
-records, state keys) and its output watermark; a carried file holds the counters per event-time
-partition since the first epoch (`partition_counters`, the Dagster metadata).
+buffer — so `events_in == counted + malformed + filtered` holds per computation. Over a derived
+stream a record read is an upstream row *version*: a row counts when it appears and again each
+time it changes (a late firing, or its reason to be set aside), once, as delivered, `malformed`
+(a dead letter) or `filtered`; never when its partition is read again for another row — the
+memory of the rows not final yet (`sync_changes` for the delivered ones, `_new_aside` for the
+set-aside ones) tells an unchanged row. A `_retract` delivery (a delivered row gone upstream, or
+now refused by the input's filter) is a record of its own, counted as delivered. So over the
+timeline `events_in` is the number of distinct upstream row versions plus the retractions.
 
-A backfill (`recompute`) replays the recorded timeline through the same code with no state, in
-one Spark task (over a raw stream; over a derived stream a rewind replays the recorded upstream
-epochs, a backfill is not built yet).
+The manifest's `computed` holds, per computation, the epoch's other counters (timers fired,
+errors, produced records, state keys) and its output watermark; a carried file holds the
+counters per event-time partition since the first epoch (`partition_counters`, the Dagster
+metadata).
+
+A backfill (`recompute`) replays the recorded timeline through the current code from no state,
+in one Spark task: over a raw stream the recorded epochs' chunks and watermarks; over a derived
+stream the recorded upstream epochs each epoch synced to (`replayed_epochs`), each epoch planned
+by `derived.plan_at` as a live epoch and a rewind's replay are. So it needs every upstream epoch
+the timeline read: one that garbage collection deleted upstream fails it with one line.
 """
 
 from __future__ import annotations
@@ -72,7 +83,7 @@ from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
 from .spec import WINDOW_TIME, ComputationSpec, Pipeline
-from .streams import ChunkMeta, check_stream, read_inputs
+from .streams import ChunkMeta, check_stream, read_inputs, views_from
 from .timeutil import INF, NEG_INF, now_ms
 
 SEG, SEQ, JSON = "_seg", "_seq", "_json"
@@ -230,16 +241,23 @@ def read_upstream(spec: Pipeline, fs, bucket: str, key: str, name: str, partitio
     inp = next(i for i in spec.inputs if i.name == name)
     t = _read_key(fs, bucket, key, None, [])
     t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
-    return _as_records(spec.for_input(inp), records_chunk_of(t), _FAR, name, partition)
+    return _as_records(spec.for_input(inp), records_chunk_of(t), _FAR, name, partition, every_text=True)
 
 
-def _as_records(reader: Pipeline, chunk: pa.Table, ingest: int, seg: str, seq: int) -> pa.Table:
+def _as_records(
+    reader: Pipeline, chunk: pa.Table, ingest: int, seg: str, seq: int, every_text: bool = False
+) -> pa.Table:
+    """RECORD_SCHEMA rows of a chunk: each event with its record's JSON text; with `every_text`
+    (an upstream partition), a malformed or filtered row too: its window names it (`_new_aside`)."""
     from .extract import pipeline_events
 
     ev = pipeline_events(reader, chunk, ingest)
     texts = _record_texts(reader, chunk)
     at = {r: i for i, r in enumerate(chunk[ROW].to_pylist())}
-    js = [texts[at[r]] if e is None else None for r, e in zip(ev[ROW].to_pylist(), ev[ERR].to_pylist(), strict=True)]
+    js = [
+        texts[at[r]] if e is None or every_text else None
+        for r, e in zip(ev[ROW].to_pylist(), ev[ERR].to_pylist(), strict=True)
+    ]
     ev = ev.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), ev.num_rows))
     ev = ev.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), ev.num_rows))
     ev = ev.append_column(JSON, pa.array(js, pa.string()))
@@ -345,6 +363,47 @@ def _not_final(events: pa.Table, sync: Sync, w_prev: int) -> pa.Table:
     return events.filter(pc.fill_null(keep, True))
 
 
+#: The carried memory of a derived input's set-aside rows (`_new_aside`): one row, this
+#: computation name (no computation's: a name has no colon) and a null key (a set-aside row has
+#: no key, so the rows and their memory meet in the null key's bucket).
+ASIDE = "aside:"
+
+
+def _new_aside(events: pa.Table, memory: dict, sync: Sync, w_new: int) -> tuple[pa.Table, dict]:
+    """A derived input's rows of the epoch (not final, `_not_final`) less the malformed and
+    filtered ones already counted, and the memory after the epoch: a set-aside row is counted
+    (and a malformed one made a dead letter) once per version — when it appears, or when its
+    content or reason changes — not each time its partition is read again for another row.
+
+    The memory holds, per set-aside row not yet final, its window end and version (a digest of
+    its reason and record): so it is bounded by the upstream's open windows, as `sync_changes`'s.
+    A row leaves it once final, or once gone from a partition read again (an event now, or
+    removed upstream: if it comes back set aside, that is a new version)."""
+    err = events[ERR].to_pylist()
+    if not memory and all(e is None for e in err):
+        return events, {}
+    d = events.select([SEG, SEQ, ROW, TIME, JSON]).to_pydict()
+    mem, keep, present = dict(memory), [], set()
+    for i, e in enumerate(err):
+        if e is None:
+            keep.append(True)
+            continue
+        inp, text = d[SEG][i], d[JSON][i]
+        rec = json.loads(text) if text is not None else {}
+        ident = _identity(inp, rec) if "window_end" in rec else json.dumps([inp, None, d[SEQ][i], d[ROW][i]])
+        end = int(rec["window_end"]) if "window_end" in rec else int(d[TIME][i]) + 1
+        version = hashlib.sha256(f"{e}\x00{text}".encode()).hexdigest()[:20]
+        present.add(ident)
+        keep.append(mem.get(ident) != [end, version])
+        mem[ident] = [end, version]
+    for ident in sorted(memory):
+        inp = json.loads(ident)[0]
+        if ident not in present and sync.partition(inp, int(memory[ident][0]) - 1) in sync.read.get(inp, ()):
+            del mem[ident]
+    live = {i: v for i, v in sorted(mem.items()) if int(v[0]) + sync.lateness[json.loads(i)[0]] > w_new}
+    return events.filter(pa.array(keep, pa.bool_())), live
+
+
 def run_bucket(
     loaded: Loaded,
     comps: dict[str, Computation],
@@ -361,8 +420,17 @@ def run_bucket(
     if len(loaded.classes) == 1 and getattr(loaded.classes[0], "bucket", None) is not None:
         # the pass-through (passthrough.py): the same tables, without per-record Python
         return loaded.classes[0].bucket(loaded, events, carried, w_prev, w_new)
+    carried_by: dict[str, dict[str | None, str]] = {}
+    cd = carried.select(CARRIED_SCHEMA.names).to_pydict()
+    for c, k, d in zip(cd["comp"], cd["key"], cd["data"], strict=True):
+        carried_by.setdefault(c, {})[k] = d
+    new_carried: list[tuple] = []
     if sync is not None:
         events = _not_final(events, sync, w_prev)
+        aside = carried_by.pop(ASIDE, {}).get(None)
+        events, aside_after = _new_aside(events, json.loads(aside) if aside else {}, sync, w_new)
+        if aside_after:
+            new_carried.append((ASIDE, None, json.dumps(aside_after, sort_keys=True, separators=(",", ":"))))
     err = events[ERR].to_pylist()
     n_filtered = sum(1 for e in err if e == FILTERED)
     bad = [i for i, e in enumerate(err) if e is not None and e != FILTERED]
@@ -386,12 +454,7 @@ def run_bucket(
     g = good.select([TIME, KEY, SEG, SEQ, ROW, JSON]).to_pydict()
     for t, k, s, q, r, j in zip(g[TIME], g[KEY], g[SEG], g[SEQ], g[ROW], g[JSON], strict=True):
         by_key.setdefault(k, []).append(Item(t, s, q, r, json.loads(j)))
-    carried_by: dict[str, dict[str | None, str]] = {}
-    cd = carried.select(CARRIED_SCHEMA.names).to_pydict()
-    for c, k, d in zip(cd["comp"], cd["key"], cd["data"], strict=True):
-        carried_by.setdefault(c, {})[k] = d
     produced: list[tuple] = []
-    new_carried: list[tuple] = []
     n_in = events.num_rows
     if sync is not None:  # a derived input: the rows that changed, per key, and the memory
         seen_rows = {k: json.loads(d) for k, d in carried_by.pop(MEMORY, {}).items()}
@@ -656,17 +719,18 @@ def compute(
     carried_rows: int,
     epochs: list[tuple[list[ChunkMeta], int, int]],
     single_task: bool | None = None,
-    sync: tuple[Sync, list[tuple[str, str, int, int, int]]] | None = None,
+    sync: list[tuple[Sync, list[tuple[str, str, int, int, int]]]] | None = None,
 ) -> list[EpochOut]:
     """One Spark job: every epoch of `epochs` (chunks, W before, W after) in one task, carrying
-    the state in memory, when they fit one worker; else the one epoch by key bucket. `sync`: the
-    one epoch of a derived input (its Sync and the upstream files it reads, as chunk keys with
-    format UPSTREAM; `epochs`' chunks are then empty); one task unless `single_task` is False."""
+    the state in memory, when they fit one worker; else the one epoch by key bucket. `sync`: per
+    epoch of a derived input, its Sync and the upstream files it reads, as chunk keys with
+    format UPSTREAM (`epochs`' chunks are then empty); one task unless `single_task` is False."""
     from .bucketkernel import PACKED_DDL, pack, unpack
 
     src = _Source(store.fs_options(), store.bucket, spec)
-    keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [sync[1]]
-    how = sync[0] if sync is not None else None
+    keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [f for _, f in sync]
+    hows = [s for s, _ in sync] if sync is not None else [None] * len(epochs)
+    assert len(keys) == len(epochs) == len(hows)
     if single_task is None:
         single_task = sync is not None or len(epochs) > 1 or reclock.one_task(epochs[0][0], carried_rows)
     pause("before-spark")
@@ -682,7 +746,7 @@ def compute(
             comps = loaded.instances()
             carried = src.carried(fs, carried_key)
             for i, (w_prev, w_new) in enumerate(windows):
-                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new, how)
+                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new, hows[i])
                 carried = out[("carried", "")]
                 yield from pack(out, epoch=i).to_batches()
 
@@ -690,7 +754,7 @@ def compute(
         return [_gather(t) for t in unpack(packed, len(epochs))]
     assert len(epochs) == 1, "a job of several epochs runs as one task"
     (_, w_prev, w_new) = epochs[0]
-    packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, how).toArrow()
+    packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, hows[0]).toArrow()
     return [_gather(unpack(packed)[0])]
 
 
@@ -828,11 +892,11 @@ def _process_synced(
             break
         ref = prev.state.get(STATE) if prev else None
         carried_key = ref.key if ref is not None and ref.rows else None
-        sync, files = _sync_of(ups, plan, prev)
+        sync = _sync_of(ups, plan, prev.upstream if prev else {})
         spark = started_session(spark)
         epochs: list[tuple[list[ChunkMeta], int, int]] = [([], plan.w_prev, plan.w_new)]
         rows = ref.rows if ref else 0
-        res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, (sync, files))
+        res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, [sync])
         m = _commit(store, cp, spec, prev, run_id or new_run_id(), _synced_head(spec, ups, plan), res[0])
         run_id = None
         out.took(m)
@@ -858,14 +922,15 @@ def synced_upstreams(spec: Pipeline) -> list:
     return ups
 
 
-def _sync_of(ups: list, plan, prev: Manifest | None) -> tuple[Sync, list[tuple[str, str, int, int, int]]]:
+def _sync_of(ups: list, plan, upstream_before: dict) -> tuple[Sync, list[tuple[str, str, int, int, int]]]:
     """The Sync of a planned derived epoch, and the upstream files it reads: the partitions whose
-    content changed since the previous epoch (by sha256, as derived.py tells them)."""
+    content changed since the previous epoch, which read `upstream_before` (input -> partition ->
+    sha256; by sha256, as derived.py tells them)."""
     read: dict[str, tuple[int, ...]] = {}
     files = []
     for u in ups:
         name = u.input.name
-        before = prev.upstream.get(name, {}) if prev else {}
+        before = upstream_before.get(name, {})
         now = plan.refs[name]
         parts = sorted(
             (p for p in set(before) | set(now) if before.get(p) != (now[p].sha256 if p in now else None)), key=int
@@ -933,38 +998,38 @@ def recompute(
     store: ObjectStore, spec: Pipeline, spark, partitions_: list[int], progress=None
 ) -> dict[str, dict[int, pa.Table | None]]:
     """The content of `partitions_` for every output, rebuilt by replaying the committed timeline
-    (the recorded epochs' chunks and watermarks, backfill.py) through the computations with the
-    current code, from no state: what `backfill.backfill` compares with the committed content.
-    The epochs run in one Spark task, the per-key state carried in its memory from each epoch
+    through the computations with the current code, from no state: what `backfill.backfill`
+    compares with the committed content. Over a raw stream the timeline is the recorded epochs'
+    chunks and watermarks (backfill.py's); over a derived stream, the recorded upstream epochs
+    each epoch synced to (`replayed_epochs`, as a rewind's replay). The epochs run in one Spark
+    task, the per-key state (and a derived input's memory) carried in its memory from each epoch
     to the next."""
     from .sparksession import started_session
-    from .streams import views_from
 
-    if spec.derived:
-        raise WireInputError(
-            f"cannot backfill {spec.name}: a backfill of a computation over a derived stream is not built yet; "
-            "rewind it (wire rewind) to replay the recorded upstream epochs"
-        )
     loaded = load(spec)
     contents: dict[str, dict[int, pa.Table | None]] = {w.name: dict.fromkeys(partitions_) for w in spec.windows}
     cp = Checkpoints(store, spec.name)
     latest = cp.latest()
     if latest is None or not partitions_:
         return contents
-    epochs, offsets, w_prev = [], {}, NEG_INF
-    listed = read_inputs(store, spec, {})
     try:
         steps = cp.timeline(latest.epoch)  # as backfill.timeline (not imported: backfill imports this module)
     except ObjectNotFound as e:
         raise WireInputError(f"cannot recompute {spec.name}: a manifest of its timeline is gone ({e})") from None
-    for st in steps:
-        views = views_from(listed, offsets)
-        chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
-        epochs.append((chunks, w_prev, st.watermark))
-        offsets, w_prev = st.remap, st.watermark
+    syncs = None
+    if spec.derived:
+        epochs, syncs = replayed_epochs(store, spec, steps)
+    else:
+        epochs, offsets, w_prev = [], {}, NEG_INF
+        listed = read_inputs(store, spec, {})
+        for st in steps:
+            views = views_from(listed, offsets)
+            chunks = [c for s in sorted(views) for c in views[s].chunks if c.seq < st.remap.get(s, 0)]
+            epochs.append((chunks, w_prev, st.watermark))
+            offsets, w_prev = st.remap, st.watermark
     if not epochs:
         return contents
-    results = compute(store, spec, started_session(spark), loaded, None, 0, epochs, single_task=True)
+    results = compute(store, spec, started_session(spark), loaded, None, 0, epochs, True, syncs)
     if progress:
         progress(len(epochs), len(epochs))
     wanted = set(partitions_)
@@ -980,6 +1045,37 @@ def recompute(
                 if rows.num_rows:
                     contents[w.name][p] = merge_output(contents[w.name][p], rows)
     return contents
+
+
+def replayed_epochs(
+    store: ObjectStore, spec: Pipeline, steps: list
+) -> tuple[list[tuple[list[ChunkMeta], int, int]], list[tuple[Sync, list[tuple[str, str, int, int, int]]]]]:
+    """A derived input's recorded timeline (`steps`: each epoch's remap `{input: upstream epoch}`)
+    as `compute`'s epochs and syncs, from no state: each epoch planned by `derived.plan_at`, the
+    rule of a live epoch and of a rewind's replay, after the epoch before it in the timeline. One
+    line when an upstream epoch the timeline read was garbage-collected upstream."""
+    from .derived import plan_at
+
+    ups = synced_upstreams(spec)
+    epochs, syncs = [], []
+    before: dict[str, dict[str, str]] = {}
+    w_prev = NEG_INF
+    for st in steps:
+        targets = {u.input.name: int(st.remap.get(u.input.name, 0)) for u in ups}
+        for u in ups:
+            n = targets[u.input.name]
+            if n and Checkpoints(store, u.spec.name).marker(n) is None:
+                raise WireInputError(
+                    f"cannot backfill {spec.name}: its epoch {st.epoch} read epoch {n} of {u.spec.name!r}, which "
+                    f"garbage collection deleted; a backfill replays every upstream epoch its timeline read "
+                    f"(keep more upstream: dagster.keep_epochs of {u.spec.name!r}, or WIRE_KEEP_EPOCHS)"
+                )
+        plan = plan_at(store, spec, ups, targets, before, w_prev, st.epoch)
+        syncs.append(_sync_of(ups, plan, before))
+        epochs.append(([], plan.w_prev, plan.w_new))
+        before = {name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()}
+        w_prev = plan.w_new
+    return epochs, syncs
 
 
 def merge_output(old: pa.Table | None, new: pa.Table) -> pa.Table:

@@ -178,21 +178,38 @@ def plan_epoch(store: ObjectStore, spec: Pipeline, ups: list[Upstream], prev: Ma
             return None
         if prev is None and not any(targets.values()):
             return None
+    before = prev.upstream if prev else {}
+    w_prev = prev.watermark if prev else NEG_INF
+    return plan_at(store, spec, ups, targets, before, w_prev, (prev.epoch if prev else 0) + 1, replay[1:])
+
+
+def plan_at(
+    store: ObjectStore,
+    spec: Pipeline,
+    ups: list[Upstream],
+    targets: dict[str, int],
+    before: dict[str, dict[str, str]],
+    w_prev: int,
+    epoch: int,
+    replay: tuple = (),
+) -> Planned:
+    """Epoch `epoch` syncing each input to upstream epoch `targets[input]`, after an epoch that
+    read the upstream partitions `before` (input -> partition -> sha256) and reached `w_prev`:
+    the one rule for a live epoch, a replay after a rewind and a backfill's replay of the
+    recorded timeline (computestage.replayed_epochs)."""
     refs, wms, changed = {}, {}, []
     for u in ups:
         n = targets[u.input.name]
         m = _upstream_manifest(store, spec, u, n) if n else None
         refs[u.input.name] = dict(m.outputs.get(u.window.name, {})) if m else {}
         wms[u.input.name] = _upstream_watermark(u, m)
-        before = prev.upstream.get(u.input.name, {}) if prev else {}
+        was = before.get(u.input.name, {})
         now = {p: r.sha256 for p, r in refs[u.input.name].items()}
-        for p in sorted(set(before) | set(now), key=int):
-            if before.get(p) != now.get(p):  # new, changed or removed: its windows are recomputed
+        for p in sorted(set(was) | set(now), key=int):
+            if was.get(p) != now.get(p):  # new, changed or removed: its windows are recomputed
                 changed.append((int(p), int(p) + u.spec.partition))
-    w_prev = prev.watermark if prev else NEG_INF
     w_new = max(w_prev, min(wms.values()))
-    epoch = (prev.epoch if prev else 0) + 1
-    return Planned(epoch, targets, refs, wms, w_prev, w_new, changed, replay[1:])
+    return Planned(epoch, dict(targets), refs, wms, w_prev, w_new, changed, replay)
 
 
 def _upstream_watermark(u: Upstream, m: Manifest | None) -> int:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 
-.PHONY: setup demo test test-long lint bench java chromium postgresql clean lock
+.PHONY: setup demo test test-durations test-long lint bench java chromium postgresql clean lock
 
 setup: $(STAMP)
 
@@ -41,8 +41,9 @@ demo: setup
 
 # Lint first: a formatting, lint or type error fails `make test` (and CI) in seconds.
 # Two pytest workers (pytest-xdist): modules are units of work, the `dagster dev` stack's tests one
-# unit on one worker (tests/conftest.py); each worker has its own S3 and Spark Connect servers.
-XDIST := -n 2 --dist loadgroup
+# unit on one worker, the longest units first (tests/conftest.py, tests/durations.json); each
+# worker has its own S3 and Spark Connect servers.
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: setup chromium postgresql lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20 $(XDIST)
@@ -55,6 +56,11 @@ lint: setup
 
 # The long matrices: more seeds and sizes (WIRE_SEEDS, WIRE_CRASH_SEEDS; WIRE_FAULT_*: the flaky-network
 # test's seeds, fault rates, events per segment and the outage after a lost commit marker's answer).
+# Measure the suite: tests/durations.json, by which conftest.py runs the longest units first.
+test-durations: setup chromium postgresql
+	$(BIN)/python -m pytest -q -p no:cacheprovider --junitxml=.durations.xml $(XDIST)
+	$(BIN)/python tests/durations.py .durations.xml
+
 test-long: setup chromium postgresql lint
 	WIRE_SEEDS=25 WIRE_CRASH_SEEDS=5 WIRE_DERIVED_SEEDS=4 WIRE_COMPUTE_SEEDS=10 WIRE_RAW_JOIN_SEEDS=4 WIRE_RAW_JOIN_KILLS=3 WIRE_NEXMARK_EVENTS=200000 WIRE_TICK_KILLS=10 WIRE_FAULT_SEEDS=3 WIRE_FAULT_RATES=0.06,0.1 WIRE_FAULT_EVENTS=4000 \
 	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -106,19 +107,40 @@ def _uses_stack(item) -> bool:
     return item is not None and "dagster_stack" in getattr(item, "fixturenames", ())
 
 
+def _unit(item) -> str:
+    """The unit of work `item` runs in under pytest-xdist: the stack's users are one, so one worker
+    starts the stack and stops it after them; every other module is one, so its module-scoped
+    fixtures (a Spark cluster, a server) are set up once."""
+    return "dagster_stack" if _uses_stack(item) else item.nodeid.split("::")[0]
+
+
+#: Seconds each test took (setup and teardown included) in a measured run of the suite: written by
+#: `make test-durations` (tests/durations.py); a test it does not know counts as UNKNOWN_SECONDS.
+DURATIONS = Path(__file__).with_name("durations.json")
+UNKNOWN_SECONDS = 10.0
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
-    users = [i for i in items if _uses_stack(i)]
-    if users:
-        first = items.index(users[0])
-        rest = [i for i in items if not _uses_stack(i)]
-        items[:] = rest[:first] + users + rest[first:]
-    # Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): the stack's users are one unit
-    # of work, so one worker starts the stack and stops it after them; every other module is one
-    # unit, so its module-scoped fixtures (a Spark cluster, a server) are set up once. (tryfirst:
-    # before xdist's own hook reads the groups.)
+    """Each unit's tests together in their order, the units longest first (by DURATIONS).
+
+    `make test` runs `-n 2 --dist loadgroup --no-loadscope-reorder`: the workers take the units in
+    this order, each its next when it runs short, so starting with the longest (LPT scheduling)
+    keeps them from ending apart by a long unit (xdist's own order, by number of tests, ended
+    them minutes apart). (tryfirst: before xdist's own hook reads the groups.)"""
+    import json
+
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    seconds: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        unit = _unit(item)
+        seconds[unit] = seconds.get(unit, 0.0) + known.get(item.nodeid, UNKNOWN_SECONDS)
+        first.setdefault(unit, n)
+    at = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda i: (-seconds[_unit(i)], first[_unit(i)], at[id(i)]))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("dagster_stack" if _uses_stack(item) else item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
 
 
 def pytest_runtest_teardown(item, nextitem) -> None:

@@ -5,7 +5,8 @@ file, `<file's name>__<computation>` (expand.py), over the file's raw input, one
 inputs, or one of its own windows. Through the real CLI, the user addresses the file by its
 name only: `wire produce/close --pipeline users` feed its stream, `wire tick --pipeline users`
 brings the windows and then the computations up to date, `wire read --pipeline users --window
-alerts` reads a computation's output. The results equal independent references: the counts per
+alerts` reads a computation's output, `wire dlq` and `wire backfill --pipeline users` take all
+of the file's pipelines. The results equal independent references: the counts per
 user and minute by brute force, the alerts and spikes by the reference executor of
 test_computations over the clicks and over those counts.
 
@@ -230,6 +231,11 @@ def test_one_file_of_windows_and_computations_through_the_cli(cli_env, spark_rem
     assert kinds == {("users", "malformed", None), ("users__zoo", "error", "zoo")}, letters
     assert sum(1 for d in letters if d["reason"].startswith("malformed")) == 1  # read by 4 pipelines
     assert "error: ValueError: boom at 7" in {d["reason"] for d in letters}
+    # a backfill of the file: each of its pipelines, upstream first, every partition reproduced
+    p = run_wire(["backfill", "--pipeline", "users", "--format", "jsonl"], env, check=True)
+    done = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
+    assert list(dict.fromkeys(r["pipeline"] for r in done)) == ["users", "users__quiet", "users__spikes", "users__zoo"]
+    assert {r["result"] for r in done} == {"reproduced"}, done
     # the generated pipelines are pipelines like any other, by their own names
     st = json.loads(run_wire(["status", "--pipeline", "users__spikes", "--json"], env, check=True).stdout)
     assert "inf" in json.dumps(st).lower()

@@ -417,40 +417,63 @@ def backfill(
 
     Default range: every partition with committed results. A partition whose recomputed content
     equals the committed one is `reproduced` (same data_version, no new epoch); one that differs
-    (the code or configuration changed) is committed in a new epoch and shown as `changed`.
+    (the code or configuration changed) is committed in a new epoch and shown as `changed`. The
+    pipelines generated from the pipeline's file (its raw inputs', then its computations') are
+    backfilled with it, upstream first, each in its run (jsonl names each one's `pipeline`).
     """
-    from .backfill import select_partitions
-
     spec = _spec(pipeline)
     lo, hi = _parse_time(start, "--from"), _parse_time(end, "--to")
     if lo is not None and hi is not None and lo > hi:
         raise WireInputError(f"--from {start} is after --to {end}")
-    parts = select_partitions(_store(), spec, lo, hi)
-    res = _backfill(spec, parts)
-    if res["error"] is not None:
-        raise res["error"]  # one line naming the cause (-v: Dagster's report)
+    specs = _chain(spec, upstream=False)  # a file's generated pipelines too (expand.py)
+    store = _store()
+    for each, parts in _backfill_ranges(store, specs, lo, hi):
+        res = _backfill(each, parts)
+        if res["error"] is not None:
+            raise res["error"]  # one line naming the cause (-v: Dagster's report)
+        _print_backfill(each, res, format, named=len(specs) > 1)
+
+
+def _backfill_ranges(store, specs: list, lo: int | None, hi: int | None) -> list[tuple]:
+    """(pipeline, partitions) for each of a file's pipelines with committed results in [lo, hi);
+    for one pipeline, or when none has any, the reason in one line."""
+    from .backfill import select_partitions
+
+    out, first_error = [], None
+    for each in specs:
+        try:
+            out.append((each, select_partitions(store, each, lo, hi)))
+        except WireInputError as e:
+            first_error = first_error or e
+            if len(specs) == 1:
+                raise
+    if not out and first_error is not None:
+        raise first_error
+    return out
+
+
+def _print_backfill(spec, res: dict, format: PrintFmt, named: bool) -> None:
     rows = res["partitions"]
     if format == PrintFmt.jsonl:
         for r in rows:
-            sys.stdout.write(
-                json.dumps({k: r[k] for k in ("partition", "result", "epoch", "changed_windows", "windows")}) + "\n"
-            )
-    else:
-        tab = Table(
-            title=f"{spec.name}: backfill run {res['run_id']} ({res['status']})",
-            caption="data versions: content hashes (first 8 digits) of " + ", ".join(w.name for w in spec.windows),
-        )
-        tab.add_column("partition", no_wrap=True)
-        tab.add_column("result", no_wrap=True)
-        tab.add_column("windows changed", overflow="fold")
-        tab.add_column("data versions", overflow="fold")
-        for r in rows:
-            what = f"changed (epoch {r['epoch']})" if r["result"] == "changed" else "reproduced"
-            versions = " ".join(str(r["windows"].get(w.name, {}).get("data_version") or "-")[:8] for w in spec.windows)
-            tab.add_row(r["partition"], what, ", ".join(r["changed_windows"]) or "-", versions)
-        out.print(tab)
-        n_changed = sum(1 for r in rows if r["result"] == "changed")
-        out.print(f"{len(rows)} partitions: {len(rows) - n_changed} reproduced, {n_changed} changed")
+            obj = {k: r[k] for k in ("partition", "result", "epoch", "changed_windows", "windows")}
+            sys.stdout.write(json.dumps({"pipeline": spec.name, **obj} if named else obj) + "\n")
+        return
+    tab = Table(
+        title=f"{spec.name}: backfill run {res['run_id']} ({res['status']})",
+        caption="data versions: content hashes (first 8 digits) of " + ", ".join(w.name for w in spec.windows),
+    )
+    tab.add_column("partition", no_wrap=True)
+    tab.add_column("result", no_wrap=True)
+    tab.add_column("windows changed", overflow="fold")
+    tab.add_column("data versions", overflow="fold")
+    for r in rows:
+        what = f"changed (epoch {r['epoch']})" if r["result"] == "changed" else "reproduced"
+        versions = " ".join(str(r["windows"].get(w.name, {}).get("data_version") or "-")[:8] for w in spec.windows)
+        tab.add_row(r["partition"], what, ", ".join(r["changed_windows"]) or "-", versions)
+    out.print(tab)
+    n_changed = sum(1 for r in rows if r["result"] == "changed")
+    out.print(f"{len(rows)} partitions: {len(rows) - n_changed} reproduced, {n_changed} changed")
 
 
 def _backfill(spec, parts: list[int]) -> dict:

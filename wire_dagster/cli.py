@@ -333,7 +333,7 @@ def _chain(spec, upstream: bool) -> list:
     so one command brings the file up to date; with `upstream`, before them every pipeline they
     read from, transitively, each once and after those it reads from."""
     from .derived import upstreams
-    from .expand import companions
+    from .spec import companions
 
     own = [spec, *companions(spec)]
     if not upstream:
@@ -532,8 +532,8 @@ def read(
     import pyarrow.parquet as pq
 
     from .checkpoint import Checkpoints
-    from .expand import owner
     from .results import read_results
+    from .spec import owner
     from .status import empty_result_hint, fit_table, written_atomically
 
     spec = owner(_spec(pipeline), window)  # a computation's output: its generated pipeline's (expand.py)

@@ -35,8 +35,8 @@ computation `c` becomes a generated pipeline `<file's name>__<c>` that reads the
 input — one of the file's raw inputs (with the file's watermark, lateness and `fields:`), one
 of its derived inputs, or one of the file's own windows (as a derived input of the file's
 pipeline) — and produces the computation's outputs. A computation's output is then read by the
-file's name (`wire read --pipeline user_minutes --window alerts`: `owner`), and
-`wire tick --pipeline user_minutes` ticks the computations after the windows (`companions`).
+file's name (`wire read --pipeline user_minutes --window alerts`: spec.owner), and
+`wire tick --pipeline user_minutes` ticks the computations after the windows (spec.companions).
 
 A file that needs no expansion — only raw inputs and no join, or only derived inputs — loads
 as it always did (same pipeline, same fingerprint).
@@ -227,25 +227,3 @@ def _computation_pipeline(raw: dict, name: str, comp: dict, label: str, inputs: 
     body.update({k: raw[k] for k in shared if k in raw})
     body["computations"] = [{**comp, "input": label}]
     return body
-
-
-def companions(stage) -> list:
-    """The pipelines generated for the computations of `stage`'s file (spec.Pipeline), in the
-    file's order: `wire tick --pipeline <stage>` ticks them after the stage."""
-    from .spec import load_pipelines
-
-    if not stage.source:
-        return []
-    specs = load_pipelines(stage.source)
-    if specs[-1].name != stage.name:  # a generated pipeline has none
-        return []
-    fed = set(feeders(stage))
-    return [p for p in specs[:-1] if p.name not in fed]
-
-
-def owner(stage, window: str):
-    """The pipeline holding `window` for `--pipeline <stage> --window <window>`: the stage, or the
-    generated pipeline of one of its file's computations that produces it."""
-    if any(w.name == window for w in stage.windows):
-        return stage
-    return next((p for p in companions(stage) if any(w.name == window for w in p.windows)), stage)

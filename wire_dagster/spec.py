@@ -965,6 +965,28 @@ def load_pipelines(path: str | Path) -> list[Pipeline]:
     return pipelines_from_dict(raw, source=str(p))
 
 
+def companions(stage: Pipeline) -> list[Pipeline]:
+    """The pipelines generated for the computations of `stage`'s file (expand.split), in the
+    file's order: `wire tick --pipeline <stage>` ticks them after the stage."""
+    from .expand import feeders
+
+    if not stage.source:
+        return []
+    specs = load_pipelines(stage.source)
+    if specs[-1].name != stage.name:  # a generated pipeline has none
+        return []
+    fed = set(feeders(stage))
+    return [p for p in specs[:-1] if p.name not in fed]
+
+
+def owner(stage: Pipeline, window: str) -> Pipeline:
+    """The pipeline holding `window` for `--pipeline <stage> --window <window>`: the stage, or the
+    generated pipeline of one of its file's computations that produces it."""
+    if any(w.name == window for w in stage.windows):
+        return stage
+    return next((p for p in companions(stage) if any(w.name == window for w in p.windows)), stage)
+
+
 def pipelines_dir(default: str | None = None) -> Path:
     import os
 

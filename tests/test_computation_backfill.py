@@ -42,7 +42,8 @@ from wire_dagster import computestage, engine
 from wire_dagster.backfill import backfill
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.computation import load_class
-from wire_dagster.computestage import CARRIED_SCHEMA, RECORD_SCHEMA, Loaded, Sync, run_bucket
+from wire_dagster.computestage import CARRIED_SCHEMA, RECORD_SCHEMA, Loaded, run_bucket
+from wire_dagster.deliveries import Sync
 from wire_dagster.errors import WireInputError
 from wire_dagster.spec import ComputationSpec
 from wire_dagster.timeutil import INF, NEG_INF

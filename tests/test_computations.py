@@ -32,6 +32,7 @@ from wire_dagster import computestage, engine, replay, streams
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.computation import Timer, load_class
 from wire_dagster.computestage import CARRIED_SCHEMA, RECORD_SCHEMA, Loaded, run_bucket
+from wire_dagster.deliveries import Sync
 from wire_dagster.errors import WireInputError
 from wire_dagster.spec import ComputationSpec, load_pipeline, pipeline_from_dict, stream_spec
 from wire_dagster.timeutil import INF, NEG_INF
@@ -780,7 +781,7 @@ def test_a_derived_row_is_delivered_when_it_appears_again_when_it_changes_and_re
     d = _modules(tmp_path)
     (d / "echo.py").write_text(ECHO)
     loaded = Loaded((ECHO_SPEC,), (load_class(ECHO_SPEC.code, str(d), "echo"),), str(d))
-    sync_of = partial(computestage.Sync, lateness={"minutes": 30_000}, partitioning={"minutes": (T0, 300_000)})
+    sync_of = partial(Sync, lateness={"minutes": 30_000}, partitioning={"minutes": (T0, 300_000)})
 
     def row(key, start, end, n):
         return {"key": key, "window_start": T0 + start * 1000, "window_end": T0 + end * 1000, "clicks": n}
@@ -839,7 +840,7 @@ def test_a_final_derived_row_is_never_read_again_not_even_a_dead_letter(tmp_path
     d = _modules(tmp_path)
     (d / "echo.py").write_text(ECHO)
     loaded = Loaded((ECHO_SPEC,), (load_class(ECHO_SPEC.code, str(d), "echo"),), str(d))
-    sync = computestage.Sync({"minutes": (T0,)}, {"minutes": 0}, {"minutes": (T0, 300_000)})
+    sync = Sync({"minutes": (T0,)}, {"minutes": 0}, {"minutes": (T0, 300_000)})
     rows = [
         {"key": "u", "window_start": T0 + m * 60_000, "window_end": T0 + (m + 1) * 60_000, "clicks": 1}
         for m in range(3)

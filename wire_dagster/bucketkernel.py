@@ -30,12 +30,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
-from .events import ERR, FILTERED, ID, KEY, ROW, SRC, TIME
+from .events import ERR, FILTERED, ID, KEY, ROW, SEG, SEQ, SRC, TIME
 from .sketches import MERGE_FUNCS, VALUE_TYPES, register
 from .spec import INPUT_SEP, SKETCH_FUNCS, VALUE_FUNCS, Aggregate, Pipeline, WindowSpec, field_column
 
 # Columns every event row carries in Spark besides the chunk's own: its segment and chunk.
-SEG, SEQ = "_seg", "_seq"
 DUP = "_dup"  # set by Spark on the repeated ids of an epoch
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"

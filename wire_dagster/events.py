@@ -23,6 +23,9 @@ from .spec import Pipeline, field_column
 
 #: A pipeline's event columns (besides one column per payload field the pipeline uses).
 TIME, KEY, ID, ROW = "_t", "_key", "_id", "_row"
+#: Beside ROW, an event's source position: its (remap) segment and chunk; and a record's JSON
+#: text (the bucket kernels', computestage.py's, passthrough.py's tables).
+SEG, SEQ, JSON = "_seg", "_seq", "_json"
 #: A RECORDS chunk's record, as a JSON line or as a struct of Parquet columns.
 RAW, REC = "_raw", "_rec"
 EVENTS, RECORDS = 1, 2  # chunk formats

@@ -56,16 +56,13 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     from .computestage import (
         CARRIED_SCHEMA,
         IDS_PREFIX,
-        JSON,
         PRODUCED_SCHEMA,
         PSTATS,
         PSTATS_SCHEMA,
-        SEG,
-        SEQ,
         STAT_NAMES,
         STATS_SCHEMA,
     )
-    from .events import ERR, FILTERED, ID, KEY, ROW, SRC, TIME
+    from .events import ERR, FILTERED, ID, JSON, KEY, ROW, SEG, SEQ, SRC, TIME
     from .kernel import DEAD_LETTER
 
     (comp,) = loaded.specs

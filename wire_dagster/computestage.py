@@ -835,9 +835,9 @@ def _raw_head(spec: Pipeline, plan: reclock.Planned) -> _Head:
 
 
 def _synced_head(spec: Pipeline, ups: list, plan) -> _Head:
-    from .derived import _data_bounds  # the sensor's bounds (derived.predict): the same partitions
+    from .derived import became_ready  # the sensor's rule (derived.predict): the same partitions
 
-    ready = partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups))
+    ready = became_ready(spec, plan, ups)
     where = {
         "remap": plan.targets,
         "segments": {},

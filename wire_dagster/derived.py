@@ -238,7 +238,7 @@ def predict(store: ObjectStore, spec: Pipeline, latest: Manifest | None) -> tupl
     plan = plan_epoch(store, spec, ups, latest)
     if plan is None:
         return None
-    parts = set(partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups)))
+    parts = set(became_ready(spec, plan, ups))
     parts |= {p for p in touched_partitions(spec, plan) if partitions.ready(spec, plan.w_new, p)}
     return plan, sorted(parts)
 
@@ -250,12 +250,13 @@ def touched_partitions(spec: Pipeline, plan: Planned) -> set[int]:
     return {p for lo, hi in plan.changed for p in partitions.between(spec, lo, hi + size - 1)}
 
 
-def _data_bounds(plan: Planned, ups: list[Upstream]) -> tuple[int, int | None]:
-    """(newest, oldest) record time the upstream partitions can hold: `became_ready`'s bounds."""
+def became_ready(spec: Pipeline, plan: Planned, ups: list[Upstream]) -> list[int]:
+    """The partitions a derived stage's epoch `plan` makes ready (partitions.became_ready), bounded
+    by the newest and oldest record time its upstream partitions can hold: the one rule of the
+    sensor (`predict`), a derived stage's commit and a computation stage's (computestage.py)."""
     starts = [(int(p), u.spec.partition) for u in ups for p, r in plan.refs[u.input.name].items() if r.rows]
-    if not starts:
-        return NEG_INF, None
-    return max(p + size - 1 for p, size in starts), min(p for p, _ in starts)
+    newest, oldest = (max(p + size - 1 for p, size in starts), min(p for p, _ in starts)) if starts else (NEG_INF, None)
+    return partitions.became_ready(spec, plan.w_prev, plan.w_new, newest, oldest)
 
 
 # ---------------------------------------------------------------------------
@@ -650,7 +651,7 @@ def _commit(
             if prior is None or prior.sha256 != ref.sha256:
                 outputs[w.name][str(p)] = ref
                 changed.setdefault(w.name, []).append(p)
-        ready = partitions.became_ready(spec, plan.w_prev, plan.w_new, *_data_bounds(plan, ups))
+        ready = became_ready(spec, plan, ups)
         if ready:
             changed[w.name] = sorted(set(changed.get(w.name, [])) | set(ready))
     fault("after-staging")

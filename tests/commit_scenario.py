@@ -432,6 +432,18 @@ def copy_bucket(src: ObjectStore, dst: ObjectStore) -> int:
     return n
 
 
+def copied_bucket(src: ObjectStore, s3_server, prefix: str = "t-") -> ObjectStore:
+    """A fresh bucket on `s3_server` (named `prefix` + random) holding a copy of `src`'s objects:
+    a scenario's template state, for a run that must not touch the template."""
+    import uuid
+    from dataclasses import replace
+
+    dst = ObjectStore(replace(s3_server, bucket=prefix + uuid.uuid4().hex[:10]))
+    dst.ensure_bucket()
+    copy_bucket(src, dst)
+    return dst
+
+
 def seeds(var: str = "WIRE_CRASH_SEEDS", default: int = 1) -> list[int]:
     return list(range(int(os.environ.get(var) or default)))
 

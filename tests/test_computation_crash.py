@@ -24,7 +24,7 @@ import yaml
 from commit_scenario import (
     assert_committed_sound,
     assert_published,
-    copy_bucket,
+    copied_bucket,
     kill_at_random_moments,
     module_cli_env,
     output_hashes,
@@ -79,9 +79,7 @@ def template(s3_server, tmp_path_factory, spark_remote, cli_env_module):
     wire(["close", "--stream", "clicks"], env)
     assert Checkpoints(st, "comp").committed() == [1]
     # the uninterrupted run, on a copy
-    ok = ObjectStore(replace(s3_server, bucket="ok-" + uuid.uuid4().hex[:10]))
-    ok.ensure_bucket()
-    copy_bucket(st, ok)
+    ok = copied_bucket(st, s3_server, "ok-")
     wire(["process", "--pipeline", "comp", "--max-epochs", "5"], dict(env, WIRE_S3_BUCKET=ok.bucket))
     m = Checkpoints(ok, "comp").latest()
     assert m is not None and m.epoch == 2
@@ -116,9 +114,7 @@ def _outcome(st: ObjectStore, env: dict) -> dict:
 
 def _fresh(template, s3_server) -> tuple[ObjectStore, dict, dict]:
     st0, _, env, want = template
-    st = ObjectStore(replace(s3_server, bucket="t-" + uuid.uuid4().hex[:10]))
-    st.ensure_bucket()
-    copy_bucket(st0, st)
+    st = copied_bucket(st0, s3_server, "t-")
     return st, dict(env, WIRE_S3_BUCKET=st.bucket), want
 
 
@@ -219,9 +215,7 @@ def derived_template(s3_server, tmp_path_factory, spark_remote, cli_env_module):
         if k == 0:
             wire(["process", "--pipeline", "dcomp"], env)
     assert Checkpoints(st, "dcomp").committed() == [1]
-    ok = ObjectStore(replace(s3_server, bucket="dok-" + uuid.uuid4().hex[:10]))
-    ok.ensure_bucket()
-    copy_bucket(st, ok)
+    ok = copied_bucket(st, s3_server, "dok-")
     wire(["process", "--pipeline", "dcomp", "--max-epochs", "5"], dict(env, WIRE_S3_BUCKET=ok.bucket))
     want = _derived_outcome(ok, env)
     assert want["epoch"] == 2 and want["rows"]["echoes"] and want["rows"]["spikes"]
@@ -249,9 +243,7 @@ def test_a_computation_over_a_derived_stream_killed_at_a_commit_step_then_restar
     from wire_dagster.spec import load_pipeline
 
     st0, env0, want = derived_template
-    st = ObjectStore(replace(s3_server, bucket="d-" + uuid.uuid4().hex[:10]))
-    st.ensure_bucket()
-    copy_bucket(st0, st)
+    st = copied_bucket(st0, s3_server, "d-")
     env = dict(env0, WIRE_S3_BUCKET=st.bucket)
     spec = load_pipeline(Path(env["WIRE_PIPELINES"]) / "dcomp.yaml")
     p = wire(["process", "--pipeline", "dcomp", "--max-epochs", "5"], dict(env, WIRE_FAULT=point), expect_rc=None)

@@ -25,7 +25,7 @@ import yaml
 from commit_scenario import (
     assert_committed_sound,
     assert_published,
-    copy_bucket,
+    copied_bucket,
     kill_at_random_moments,
     module_cli_env,
     output_hashes,
@@ -103,9 +103,7 @@ def cli_env_module(s3_server, tmp_path_factory):
 
 def _fresh(template, s3_server, cli_env_module, spark_remote):
     st0, d, down, up = template
-    st = ObjectStore(replace(s3_server, bucket="t-" + uuid.uuid4().hex[:10]))
-    st.ensure_bucket()
-    copy_bucket(st0, st)
+    st = copied_bucket(st0, s3_server, "t-")
     env = subprocess_env(dict(cli_env_module, WIRE_S3_BUCKET=st.bucket), spark_remote, WIRE_PIPELINES=str(d))
     return st, env, down, up
 

@@ -333,11 +333,12 @@ def _chain(spec, upstream: bool) -> list:
     so one command brings the file up to date; with `upstream`, before them every pipeline they
     read from, transitively, each once and after those it reads from."""
     from .derived import upstreams
-    from .spec import companions
+    from .spec import generated_with
 
-    own = [spec, *companions(spec)]
+    fed, comps = generated_with(spec)
+    own = [spec, *comps]
     if not upstream:
-        return [*_feeders(spec), *own]
+        return [*fed, *own]
     out: dict[str, object] = {}
 
     def visit(s) -> None:
@@ -350,17 +351,6 @@ def _chain(spec, upstream: bool) -> list:
         visit(s)
         out.setdefault(s.name, s)
     return list(out.values())
-
-
-def _feeders(spec) -> list:
-    """The pipelines generated for a stage's raw inputs (expand.py), from the stage's own file."""
-    from .expand import feeders
-    from .spec import load_pipelines
-
-    names = feeders(spec)
-    if not names or not spec.source:
-        return []
-    return [p for p in load_pipelines(spec.source) if p.name in names]
 
 
 def _tick(spec) -> list[dict]:

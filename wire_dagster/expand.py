@@ -36,7 +36,7 @@ input — one of the file's raw inputs (with the file's watermark, lateness and 
 of its derived inputs, or one of the file's own windows (as a derived input of the file's
 pipeline) — and produces the computation's outputs. A computation's output is then read by the
 file's name (`wire read --pipeline user_minutes --window alerts`: spec.owner), and
-`wire tick --pipeline user_minutes` ticks the computations after the windows (spec.companions).
+`wire tick --pipeline user_minutes` ticks the computations after the windows (spec.generated_with).
 
 A file that needs no expansion — only raw inputs and no join, or only derived inputs — loads
 as it always did (same pipeline, same fingerprint).
@@ -82,11 +82,7 @@ def expand(raw: dict) -> list[dict]:
     its raw inputs rewritten as derived inputs of them (module doc). `raw` needs expansion, and
     its name and its raw inputs' names were checked (spec.pipelines_from_dict)."""
     stage_name = raw["name"]
-    if "inputs" in raw:
-        inputs = raw["inputs"]
-    else:  # stream + event: the one input, named after its stream
-        stream = raw.get("stream") or stage_name
-        inputs = [{"name": stream, "stream": stream, **raw["event"]}]
+    inputs = _file_inputs(raw)
     stage = {k: v for k, v in raw.items() if k not in ("stream", "event", "inputs")}
     rewritten: list[object] = []
     generated: list[dict] = []

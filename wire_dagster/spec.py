@@ -965,18 +965,19 @@ def load_pipelines(path: str | Path) -> list[Pipeline]:
     return pipelines_from_dict(raw, source=str(p))
 
 
-def companions(stage: Pipeline) -> list[Pipeline]:
-    """The pipelines generated for the computations of `stage`'s file (expand.split), in the
-    file's order: `wire tick --pipeline <stage>` ticks them after the stage."""
+def generated_with(stage: Pipeline) -> tuple[list[Pipeline], list[Pipeline]]:
+    """The pipelines generated from `stage`'s file (expand.py), from one load of it: those reading
+    its raw inputs (ticked before the stage) and those running its computations (expand.split;
+    ticked after it), each in the file's order. A generated pipeline has none."""
     from .expand import feeders
 
     if not stage.source:
-        return []
-    specs = load_pipelines(stage.source)
-    if specs[-1].name != stage.name:  # a generated pipeline has none
-        return []
+        return [], []
+    *others, own = load_pipelines(stage.source)
+    if own.name != stage.name:
+        return [], []
     fed = set(feeders(stage))
-    return [p for p in specs[:-1] if p.name not in fed]
+    return [p for p in others if p.name in fed], [p for p in others if p.name not in fed]
 
 
 def owner(stage: Pipeline, window: str) -> Pipeline:
@@ -984,7 +985,7 @@ def owner(stage: Pipeline, window: str) -> Pipeline:
     generated pipeline of one of its file's computations that produces it."""
     if any(w.name == window for w in stage.windows):
         return stage
-    return next((p for p in companions(stage) if any(w.name == window for w in p.windows)), stage)
+    return next((p for p in generated_with(stage)[1] if any(w.name == window for w in p.windows)), stage)
 
 
 def pipelines_dir(default: str | None = None) -> Path:

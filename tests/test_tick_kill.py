@@ -23,6 +23,7 @@ WIRE_CRASH_SEEDS=n runs n seeds (other kill moments, other events).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -112,10 +113,13 @@ def finish(p: subprocess.Popen, bound: float, what: str) -> tuple[str, str, floa
     try:
         out, err = p.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
+        os.kill(p.pid, signal.SIGUSR1)  # its threads' stacks (cli.entry): stuck, or only slow?
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.communicate(timeout=5)  # the stacks are written at once; the tick itself goes on
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
         raise AssertionError(
-            f"{what} did not finish within {bound:.0f} s\nstdout: {out[-1500:]}\nstderr: {err[-3000:]}"
+            f"{what} did not finish within {bound:.0f} s\nstdout: {out[-1500:]}\nstderr: {err[-12000:]}"
         ) from None
     assert p.returncode == 0, f"{what} exited {p.returncode}\nstdout: {out[-1500:]}\nstderr: {err[-3000:]}"
     return out, err, time.monotonic() - t

@@ -118,9 +118,9 @@ def pool_claims(home: Path) -> list:
 def test_sigint_stops_a_waiting_tick_and_sigterm_a_running_one(store, cli_env, spark_remote, tmp_path: Path) -> None:
     """Tick A is held inside its run with the epoch staged and its manifest written, right
     before the commit marker (WIRE_PAUSE=before-marker); tick B waits for A's pipeline lock,
-    saying so. Ctrl-C (SIGINT) stops B, SIGTERM stops A, each within seconds with one error
-    line; A's run ends FAILURE with its slot freed and nothing committed; the next tick commits
-    the epoch, equal to the reference."""
+    saying so; SIGUSR1 makes B write its threads' stacks and wait on. Ctrl-C (SIGINT) stops B,
+    SIGTERM stops A, each within seconds with one error line; A's run ends FAILURE with its
+    slot freed and nothing committed; the next tick commits the epoch, equal to the reference."""
     spec, pdir = closed_stream(store, tmp_path)
     home = tmp_path / "dagster-home"
     pause = tmp_path / "pause"
@@ -133,6 +133,11 @@ def test_sigint_stops_a_waiting_tick_and_sigterm_a_running_one(store, cli_env, s
         wait_for(lambda: (pause / "before-marker.paused").exists(), 300, a.p, "tick A reached its commit")
         b = Tick(env, tmp_path, "b")
         wait_for(lambda: f"waiting for wire tick (pid {a.p.pid} on " in b.stderr(), 300, b.p, "tick B waits for A")
+
+        # An operator's `kill -USR1`: every thread's stack on stderr, and the tick goes on waiting.
+        os.kill(b.p.pid, signal.SIGUSR1)
+        wait_for(lambda: "sensors/runs.py" in b.stderr(), 30, b.p, "tick B's stacks on stderr")
+        assert "(most recent call first)" in b.stderr() and b.p.poll() is None, b.stderr()[-3000:]
 
         took = b.stop_within(signal.SIGINT, STOP_S)
         assert b.p.returncode == 1, b.stderr()

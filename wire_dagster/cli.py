@@ -6,8 +6,10 @@ Exit codes: 0 success, 2 bad input or configuration (one line on stderr),
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -940,6 +942,9 @@ def entry() -> None:
     import atexit
 
     global _EXIT_CODE
+    # `kill -USR1 <pid>` writes every thread's Python stack to stderr and the command goes on:
+    # how to tell a stuck `wire tick` (or its in-process run) from a slow one.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Registered before the command imports anything that registers its own: exit handlers run
     # last in, first out, so this one runs after all of them (pyarrow's S3 shutdown, the Spark
     # Connect client's, logging's), and after Python has joined the non-daemon threads.

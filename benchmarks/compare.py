@@ -72,8 +72,6 @@ from benchmarks.peers import QUERIES, Query, counted_bids, diff, normalize, read
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from wire_dagster.objectstore import S3Config
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -238,20 +236,15 @@ def run_wire(
     return r
 
 
-def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_cfg: S3Config) -> list[dict]:
-    """Where each tick's time went, from the Dagster instance's run records and event logs and the
-    committed manifests (their creation times)."""
+def wire_breakdown(r: WireRun, q: Query, dagster_home: Path) -> list[dict]:
+    """Where each tick's time went, from the Dagster instance's run records and event logs: a run
+    logs "epoch N: <chunks>, W ..." as it plans each epoch (reclock.plan_job), and "epoch N
+    committed ..." for every epoch once its `process` returned (runs.log_epochs: after the last
+    commit, its publish and GC). The logs date the epochs whatever the store still holds (the
+    manifests would not: `keep_epochs` garbage-collects all but the last few)."""
     import dagster as dg
 
-    from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.objectstore import ObjectStore
-
     inst = dg.DagsterInstance.from_config(str(dagster_home))
-    store = ObjectStore(store_cfg)
-    cp = Checkpoints(store, q.name)
-    created = {}
-    for n in cp.committed():
-        created[n] = cp.load(n).created_ms / 1000
     runs = inst.get_runs(filters=dg.RunsFilter(tags={"wire/pipeline": q.name}))
     stats = {run.run_id: inst.get_run_stats(run.run_id) for run in runs}
     rows = []
@@ -263,21 +256,23 @@ def wire_breakdown(r: WireRun, q: Query, dagster_home: Path, store_cfg: S3Config
         )
         per_run = []  # (wall, epochs, before first epoch, first epoch -> last commit)
         for s, e, rid in mine:
-            step_start = first_epoch = None
-            epochs = []
+            step_start = first_epoch = last_commit = None
+            epochs = set()
             for ev in inst.all_logs(rid):
                 if ev.dagster_event is not None and ev.dagster_event.event_type_value == "STEP_START":
                     step_start = ev.timestamp
-                msg = ev.user_message or ""
-                if msg.startswith("epoch ") and ":" in msg:
-                    epochs.append(int(msg.split(":")[0].split()[1]))
-                    if first_epoch is None:
-                        first_epoch = ev.timestamp
+                words = (ev.user_message or "").split()
+                if len(words) < 3 or words[0] != "epoch":
+                    continue
+                if words[1].endswith(":") and first_epoch is None:  # the first epoch planned
+                    first_epoch = ev.timestamp
+                elif words[2] == "committed":
+                    epochs.add(int(words[1]))
+                    last_commit = ev.timestamp
             before = span = 0.0
-            if epochs and first_epoch is not None and step_start is not None:
+            if first_epoch is not None and last_commit is not None and step_start is not None:
                 before = first_epoch - step_start
-                last = max((created[n] for n in epochs if n in created), default=None)
-                span = (last - first_epoch) if last is not None else 0.0
+                span = last_commit - first_epoch
             per_run.append((e - s, len(epochs), before, span))
         proc = [x for x in per_run if x[1]]
         rep = [x for x in per_run if not x[1]]
@@ -817,7 +812,7 @@ def main() -> int:
                         f"{cfg.label}: persons and auctions landed in their own streams ({cfg.segments} segments "
                         f"each, `streams.produce`, not timed with the queries) in {time.perf_counter() - t0:.1f} s"
                     )
-                wire_envs[mode] = (env, dhome, store.cfg)
+                wire_envs[mode] = (env, dhome)
             peers_env = peer_env()
             for q in queries:
                 log(f"{cfg.label}, {q.name}:")
@@ -825,9 +820,9 @@ def main() -> int:
                 for mode in modes if "wire" in sides else ["local"]:
                     c = Case(cfg, q, man, mode=mode, t_start=time.time())
                     if mode in wire_envs:
-                        env, dhome, cfg_s3 = wire_envs[mode]
+                        env, dhome = wire_envs[mode]
                         c.wire = run_wire(q, cfg, st, data, env, tmp, srv.pids(mode == "server"))
-                        c.wire.breakdown = wire_breakdown(c.wire, q, dhome, cfg_s3)
+                        c.wire.breakdown = wire_breakdown(c.wire, q, dhome)
                         _check_wire_counts(c, c.wire, cfg)
                         log(f"  wire ({WIRE_SPARK_MODES[mode]}): {c.wire.e2e:.1f} s end to end")
                     per_mode.append(c)

@@ -21,7 +21,7 @@ from . import partitions
 from .checkpoint import Checkpoints
 from .errors import WireError
 from .manifest import Counts, Manifest
-from .objectstore import ObjectStore
+from .objectstore import ObjectStore, s3_client
 from .results import empty_output
 from .spec import Aggregate, Pipeline
 from .status import describe_epoch, size_text, watermark_lag
@@ -437,11 +437,9 @@ def chart_url(store: ObjectStore, key: str, seconds: int = CHART_URL_SECONDS) ->
 @functools.lru_cache(maxsize=4)
 def _signer(endpoint: str, access_key: str, secret_key: str, region: str):
     """An S3 client that only signs (presigning sends no request); one per endpoint and key."""
-    import boto3
     from botocore.config import Config
 
-    return boto3.Session().client(
-        "s3",
+    return s3_client(
         endpoint_url=endpoint,
         aws_access_key_id=access_key,
         aws_secret_access_key=secret_key,

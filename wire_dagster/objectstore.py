@@ -24,6 +24,7 @@ import hashlib
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -210,6 +211,22 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return re.sub("|".join(alts), "***", text)
 
 
+_SESSION: boto3.Session | None = None
+_SESSION_LOCK = threading.Lock()
+
+
+def s3_client(**kwargs: Any):
+    """An S3 client of the process's one boto3 session: a session parses S3's service model once
+    and keeps it, where a new session per store parsed it again (~50 ms a store; a `wire tick` and
+    its run make several). Credentials are given per client, never taken from the session. The
+    lock: a session is not thread-safe (its clients are)."""
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None:
+            _SESSION = boto3.Session()
+        return _SESSION.client("s3", **kwargs)
+
+
 class ObjectStore:
     """A bucket in an S3-compatible store; every call is retried within a time budget, then fails typed."""
 
@@ -230,8 +247,7 @@ class ObjectStore:
         self.backoff_cap = backoff_cap
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._client = boto3.Session().client(
-            "s3",
+        self._client = s3_client(
             endpoint_url=cfg.endpoint,
             aws_access_key_id=cfg.access_key,
             aws_secret_access_key=cfg.secret_key,

@@ -238,7 +238,15 @@ def test_one_file_of_windows_and_computations_through_the_cli(cli_env, spark_rem
     assert {r["result"] for r in done} == {"reproduced"}, done
     # the generated pipelines are pipelines like any other, by their own names
     st = json.loads(run_wire(["status", "--pipeline", "users__spikes", "--json"], env, check=True).stdout)
-    assert "inf" in json.dumps(st).lower()
+    assert "inf" in json.dumps(st).lower() and "generated" not in st
+    # the file's status names what was generated from it, each at its last commit (the stream closed)
+    st = json.loads(run_wire(["status", "--pipeline", "users", "--json"], env, check=True).stdout)
+    assert [(g["pipeline"], g["watermark"]) for g in st["generated"]] == [
+        (f"users__{c}", "+inf") for c in ("quiet", "spikes", "zoo")
+    ], st["generated"]
+    assert all(isinstance(g["epoch"], int) for g in st["generated"]), st["generated"]
+    text = run_wire(["status", "--pipeline", "users"], env, check=True).stdout
+    assert "generated from this file: users__zoo, last committed epoch" in text, text
     # a window neither the file nor its computations have: one line naming the choices
     p = run_wire(["read", "--pipeline", "users", "--window", "nope"], env)
     assert p.returncode == 2 and "per_minute" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -617,6 +617,9 @@ def status(
             st["landing"] = landing_status(store, spec)
         if plot:
             plot_watermarks(store, spec, plot)
+        generated = _generated_status(store, spec)
+    if generated:
+        st["generated"] = generated
     if as_json:
         sys.stdout.write(json.dumps(st, indent=1) + "\n")
         return
@@ -707,8 +710,31 @@ def status(
             no_wrap=("epoch", "kind"),
         )
     )
+    for g in generated:
+        out.print(
+            f"generated from this file: {g['pipeline']}, last committed epoch {g['epoch'] or '-'}, "
+            f"W {g['watermark']} (wire status --pipeline {g['pipeline']})",
+            markup=False,
+            highlight=False,
+        )
     if plot:
         out.print(f"watermark chart written to {plot}")
+
+
+def _generated_status(store, spec) -> list[dict]:
+    """The pipelines generated from `spec`'s file (its raw inputs' and its computations', in the
+    order `wire tick` runs them), each with its last committed epoch and watermark: a file's
+    status names them, since its own pipeline is only one of them."""
+    from .checkpoint import Checkpoints
+    from .spec import generated_with
+    from .timeutil import iso
+
+    fed, comps = generated_with(spec)
+    rows = []
+    for p in (*fed, *comps):
+        m = Checkpoints(store, p.name).latest()
+        rows.append({"pipeline": p.name, "epoch": m.epoch if m else None, "watermark": iso(m.watermark) if m else "-"})
+    return rows
 
 
 @app.command(cls=_Command)

@@ -9,9 +9,9 @@ file is bad input (exit 2), raised before anything is written.
 
 from __future__ import annotations
 
-import io
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +28,18 @@ from .spec import Pipeline, field_column
 RAW_KEEP = 1024  # bytes of a malformed record kept in its dead letter
 
 
+BOM = b"\xef\xbb\xbf"
+_BLANK = BOM + b" \t\r\n"  # the bytes of a file that holds no record
+
+
 def _split_lines(data: bytes) -> pa.LargeBinaryArray:
     """Split JSONL bytes into one binary value per line, zero-copy (numpy finds the newlines)."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
+    return _lines_of(data[3:] if data.startswith(BOM) else data)
+
+
+def _lines_of(data: bytes) -> pa.LargeBinaryArray:
+    """The lines of `data` (no byte-order mark: a file's is dropped by its reader): split at each
+    newline, a trailing carriage return dropped from each, a last line with no newline kept."""
     if not data:
         return pa.array([], pa.large_binary())
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -493,14 +501,26 @@ def parquet_to_lines(table: pa.Table) -> pa.LargeBinaryArray:
     return res["raw"].combine_chunks().cast(pa.large_binary())
 
 
+def _nothing() -> None:
+    """The `close` of input that holds no file."""
+
+
 @dataclass(frozen=True)
 class InputFile:
     """A validated input file: its record count and its records `[lo, hi)` as JSON lines (and,
-    for Parquet, as a table)."""
+    for Parquet, as a table). A file's records are read from it range by range, not held;
+    `close` (or leaving a `with` block) releases the file it may hold open."""
 
     rows: int
     lines: Callable[[int, int], pa.LargeBinaryArray]
     table: Callable[[int, int], pa.Table] | None = None
+    close: Callable[[], None] = _nothing
+
+    def __enter__(self) -> InputFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def normalize(self, spec: Pipeline, lo: int, hi: int, ingest_ms: int) -> tuple[pa.Table, pa.Table]:
         """Records `[lo, hi)` -> (valid events, dead letters) with `_row`/`row` relative to `lo`."""
@@ -511,40 +531,202 @@ class InputFile:
 
 def read_input(path: Path) -> pa.LargeBinaryArray:
     """Every record of a JSONL or Parquet file as one JSON line each (see `open_input`)."""
-    inp = open_input(path)
-    return inp.lines(0, inp.rows)
+    with open_input(path) as inp:
+        return inp.lines(0, inp.rows)
+
+
+LINE_STRIDE = 4096  # a JSON-lines file's index keeps the byte offset of every LINE_STRIDE-th line
+_BLOCK = 8 << 20  # bytes read at a time by a pass over a whole file
+_BATCH = 65_536  # Parquet rows decoded at a time
+# A Parquet file read as a stream of 1 MiB, not pre-buffered: pyarrow's default (pre_buffer) holds
+# the column chunks of the row groups read so far; 10 M rows' check peaked at 291 MB, this at 177.
+_STREAMED = {"pre_buffer": False, "buffer_size": 1 << 20}
+
+
+def _named(path: Path) -> str:
+    return repr(str(path))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """What tells a file changed: its size and modification time."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _changed(path: Path) -> WireInputError:
+    return WireInputError(f"--file: {_named(path)} changed while it was produced; produce a file that does not change")
 
 
 def open_input(path: Path) -> InputFile:
     """Open JSONL or Parquet input; a missing/unreadable/empty/corrupt file is bad input (exit 2),
-    raised here, before anything is written. Parquet rows become JSON lines one chunk at a time."""
+    raised here, before anything is written: one pass over the file checks it and keeps nothing
+    of it but its row count and (JSON lines) an index of line offsets, so memory stays flat in
+    the file's size. Its records are then read range by range as they are appended."""
     if not path.exists():
-        raise WireInputError(f"--file: no such file {str(path)!r}")
+        raise WireInputError(f"--file: no such file {_named(path)}")
     if not path.is_file():
-        raise WireInputError(f"--file: {str(path)!r} is not a file")
+        raise WireInputError(f"--file: {_named(path)} is not a file")
     try:
-        data = path.read_bytes()
+        stamp = _stamp(path)
+        with path.open("rb") as f:
+            head = f.read(4)
+            f.seek(0)
+            blank = all(not block.strip(_BLANK) for block in iter(lambda: f.read(_BLOCK), b""))
     except OSError as e:
-        raise WireInputError(f"--file: cannot read {str(path)!r}: {e.strerror or e.__class__.__name__}") from None
-    if not data.strip(b"\xef\xbb\xbf \t\r\n"):
-        raise WireInputError(f"--file: {str(path)!r} is empty; nothing to append")
-    if path.suffix.lower() == ".parquet" or data[:4] == b"PAR1":
+        raise WireInputError(f"--file: cannot read {_named(path)}: {e.strerror or e.__class__.__name__}") from None
+    if blank:
+        raise WireInputError(f"--file: {_named(path)} is empty; nothing to append")
+    if path.suffix.lower() == ".parquet" or head == b"PAR1":
+        return _ParquetInput(path, stamp).input()
+    return _JsonLinesInput(path, stamp).input()
+
+
+class _JsonLinesInput:
+    """A JSON-lines file read by line ranges: one pass counts its lines (as `_split_lines` splits
+    them) and keeps the byte offset of every LINE_STRIDE-th; `lines(lo, hi)` reads the bytes
+    from the indexed line at or before `lo` to the one at or after `hi` and splits only those.
+    The last range read is kept: a chunk's lines are asked for twice (its checks, its records)."""
+
+    def __init__(self, path: Path, stamp: tuple[int, int]) -> None:
+        self.path, self.stamp = path, stamp
+        self.rows, self.offsets = self._index()
+        self.last: tuple[int, int, pa.LargeBinaryArray] | None = None
+        self.lock = threading.Lock()
+
+    def _index(self) -> tuple[int, list[int]]:
+        """(number of lines, byte offsets of lines 0, K, 2K, ...) in one pass of _BLOCK bytes at a time."""
+        size = self.stamp[0]
         try:
-            table = pq.ParquetFile(io.BytesIO(data)).read()
+            with self.path.open("rb") as f:
+                base = len(BOM) if f.read(len(BOM)) == BOM else 0
+                f.seek(base)
+                offsets, newlines, pos, last = [base], 0, base, b""
+                while block := f.read(_BLOCK):
+                    nl = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+                    # Line i >= 1 starts after the file's i-th newline; keep those with i % K == 0.
+                    first = (-(newlines + 1)) % LINE_STRIDE
+                    offsets += (nl[first::LINE_STRIDE] + pos + 1).tolist()
+                    newlines, pos, last = newlines + len(nl), pos + len(block), block[-1:]
+        except OSError as e:
+            raise WireInputError(
+                f"--file: cannot read {_named(self.path)}: {e.strerror or e.__class__.__name__}"
+            ) from None
+        if pos != size:
+            raise _changed(self.path)
+        rows = newlines + (1 if pos > base and last != b"\n" else 0)
+        return rows, offsets[: -(-rows // LINE_STRIDE)]  # (a newline ending the file starts no line)
+
+    def lines(self, lo: int, hi: int) -> pa.LargeBinaryArray:
+        with self.lock:
+            if self.last is not None and self.last[:2] == (lo, hi):
+                return self.last[2]
+            if hi <= lo:
+                return pa.array([], pa.large_binary())
+            a, b = lo // LINE_STRIDE, -(-hi // LINE_STRIDE)
+            start = self.offsets[a]
+            end = self.offsets[b] if b < len(self.offsets) else self.stamp[0]
+            try:
+                if _stamp(self.path) != self.stamp:
+                    raise _changed(self.path)
+                with self.path.open("rb") as f:
+                    f.seek(start)
+                    data = f.read(end - start)
+            except OSError:
+                raise _changed(self.path) from None
+            out = _lines_of(data).slice(lo - a * LINE_STRIDE, hi - lo)
+            self.last = (lo, hi, out)
+            return out
+
+    def close(self) -> None:
+        self.last = None
+
+    def input(self) -> InputFile:
+        return InputFile(self.rows, self.lines, close=self.close)
+
+
+class _ParquetInput:
+    """A Parquet file read forward in batches of _BATCH rows: opening reads its footer and decodes
+    every row group once, a batch at a time, keeping nothing (a corrupt file is bad input before
+    anything is written); `table(lo, hi)` reads on from the last range (or from the row group
+    holding `lo`), holding the batches that overlap it. The file is open while rows are read
+    and closed after the last row, or by `close`."""
+
+    def __init__(self, path: Path, stamp: tuple[int, int]) -> None:
+        self.path, self.stamp = path, stamp
+        try:
+            with pq.ParquetFile(path, **_STREAMED) as pf:
+                self.metadata, self.schema = pf.metadata, pf.schema_arrow
+                decoded = sum(batch.num_rows for batch in pf.iter_batches(batch_size=_BATCH))
         except Exception as e:  # pyarrow raises several kinds for a corrupt file
             raise WireInputError(
-                f"--file: {str(path)!r} is not a readable Parquet file ({e.__class__.__name__})"
+                f"--file: {_named(path)} is not a readable Parquet file ({e.__class__.__name__})"
             ) from None
-        if table.num_rows == 0:
-            raise WireInputError(f"--file: {str(path)!r} has no rows; nothing to append")
-        return InputFile(
-            table.num_rows,
-            lambda lo, hi: parquet_to_lines(table.slice(lo, hi - lo)),
-            lambda lo, hi: table.slice(lo, hi - lo),
-        )
-    lines = _split_lines(data)
-    del data
-    return InputFile(len(lines), lambda lo, hi: lines.slice(lo, hi - lo))
+        if decoded != self.metadata.num_rows:
+            raise WireInputError(f"--file: {_named(path)} is not a readable Parquet file (row count)")
+        if decoded == 0:
+            raise WireInputError(f"--file: {_named(path)} has no rows; nothing to append")
+        self.rows = decoded
+        groups = [self.metadata.row_group(g).num_rows for g in range(self.metadata.num_row_groups)]
+        self.group_starts = np.concatenate([[0], np.cumsum(groups)]).astype(np.int64)
+        self.file: pq.ParquetFile | None = None
+        self.batches: Iterator[pa.RecordBatch] = iter(())
+        self.held: list[pa.RecordBatch] = []  # the batches read that end after held_lo
+        self.held_lo = self.pos = 0  # rows [held_lo, pos) are held
+        self.last: tuple[int, int, pa.Table] | None = None
+        self.lock = threading.Lock()
+
+    def _seek(self, lo: int) -> None:
+        """Read on from the start of the row group that holds row `lo`."""
+        self.close()
+        g = int(np.searchsorted(self.group_starts, lo, side="right")) - 1
+        try:
+            if _stamp(self.path) != self.stamp:
+                raise _changed(self.path)
+            self.file = pq.ParquetFile(self.path, metadata=self.metadata, **_STREAMED)
+        except OSError:
+            raise _changed(self.path) from None
+        groups = list(range(g, self.metadata.num_row_groups))
+        self.batches = self.file.iter_batches(batch_size=_BATCH, row_groups=groups)
+        self.held_lo = self.pos = int(self.group_starts[g])
+
+    def table(self, lo: int, hi: int) -> pa.Table:
+        with self.lock:
+            if self.last is not None and self.last[:2] == (lo, hi):
+                return self.last[2]
+            if hi <= lo:
+                return self.schema.empty_table()
+            if not self.held_lo <= lo <= self.pos or (hi > self.pos and self.file is None):
+                self._seek(lo)  # not a read on from the last range
+            while self.held and self.held_lo + self.held[0].num_rows <= lo:  # rows before lo: done with
+                self.held_lo += self.held.pop(0).num_rows
+            try:
+                while self.pos < hi:
+                    batch = next(self.batches)
+                    self.held.append(batch)
+                    self.pos += batch.num_rows
+            except (StopIteration, OSError, pa.ArrowException):
+                raise _changed(self.path) from None
+            if self.pos >= self.rows:
+                self._close_file()
+            out = pa.Table.from_batches(self.held, schema=self.held[0].schema).slice(lo - self.held_lo, hi - lo)
+            self.last = (lo, hi, out)
+            return out
+
+    def lines(self, lo: int, hi: int) -> pa.LargeBinaryArray:
+        return parquet_to_lines(self.table(lo, hi))
+
+    def _close_file(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file, self.batches = None, iter(())
+
+    def close(self) -> None:
+        self._close_file()
+        self.held, self.last = [], None
+        self.held_lo = self.pos = 0
+
+    def input(self) -> InputFile:
+        return InputFile(self.rows, self.lines, self.table, self.close)
 
 
 def records_input(records: object) -> InputFile:

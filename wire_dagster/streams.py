@@ -32,6 +32,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -267,10 +268,11 @@ def produce(
     """Append the events of a JSONL or Parquet file to the pipeline's stream as chunks.
 
     Malformed records become dead letters of the chunk that holds their input
-    range; bad input files (missing, unreadable, empty) raise WireInputError
-    before anything is written.
+    range; bad input files (missing, unreadable, empty, corrupt) raise WireInputError
+    before anything is written. The file is read a chunk at a time (`ingest.open_input`).
     """
-    return produce_input(store, spec, open_input(Path(path)), segment, chunk_rows, progress)
+    with open_input(Path(path)) as inp:
+        return produce_input(store, spec, inp, segment, chunk_rows, progress)
 
 
 def produce_input(
@@ -323,39 +325,44 @@ def produce_files(
     """`produce` for several (file, segment) pairs in one call, one report per pair in their order.
 
     Every file is opened, and so checked, before anything is written: one bad file appends
-    nothing (the files are held in memory together). The segments are appended side by side,
-    one thread each (each waits mostly on the store); the files of one segment in their order.
+    nothing. Checking a file is a pass over it that keeps only its row count (and a line index),
+    so memory stays flat in the files' sizes; each file is read again as it is appended, and
+    closed after it. The segments are appended side by side, one thread each (each waits mostly
+    on the store); the files of one segment in their order.
     """
     for _, seg in files:
         check_name(seg, "--segment")
-    inputs = [open_input(Path(p)) for p, _ in files]
-    declare_stream(store, spec)
-    total = sum(i.rows for i in inputs)
-    done = [0] * len(files)
-    lock = threading.Lock()
+    with ExitStack() as opened:  # each file closed at the end, whatever happens
+        inputs = [opened.enter_context(open_input(Path(p))) for p, _ in files]
+        declare_stream(store, spec)
+        total = sum(i.rows for i in inputs)
+        done = [0] * len(files)
+        lock = threading.Lock()
 
-    def file_progress(i: int) -> Callable[[int, int], None]:
-        def cb(rows: int, _total: int) -> None:
-            with lock:
-                done[i] = rows
-                if progress:
-                    progress(sum(done), total)
+        def file_progress(i: int) -> Callable[[int, int], None]:
+            def cb(rows: int, _total: int) -> None:
+                with lock:
+                    done[i] = rows
+                    if progress:
+                        progress(sum(done), total)
 
-        return cb
+            return cb
 
-    by_segment: dict[str, list[int]] = {}
-    for i, (_, seg) in enumerate(files):
-        by_segment.setdefault(seg, []).append(i)
+        by_segment: dict[str, list[int]] = {}
+        for i, (_, seg) in enumerate(files):
+            by_segment.setdefault(seg, []).append(i)
 
-    def one_segment(seg: str) -> list[tuple[int, ProduceReport]]:
-        return [(i, _append_input(store, spec, inputs[i], seg, chunk_rows, file_progress(i))) for i in by_segment[seg]]
+        def one_segment(seg: str) -> list[tuple[int, ProduceReport]]:
+            return [
+                (i, _append_input(store, spec, inputs[i], seg, chunk_rows, file_progress(i))) for i in by_segment[seg]
+            ]
 
-    reports: list[ProduceReport | None] = [None] * len(files)
-    with ThreadPoolExecutor(max_workers=len(by_segment)) as pool:
-        for done_pairs in pool.map(one_segment, by_segment):
-            for i, rep in done_pairs:
-                reports[i] = rep
-    return [r for r in reports if r is not None]
+        reports: list[ProduceReport | None] = [None] * len(files)
+        with ThreadPoolExecutor(max_workers=len(by_segment)) as pool:
+            for done_pairs in pool.map(one_segment, by_segment):
+                for i, rep in done_pairs:
+                    reports[i] = rep
+        return [r for r in reports if r is not None]
 
 
 def _append_input(
@@ -375,7 +382,8 @@ def _append_input(
         if progress:
             progress(min(len(metas) * n, inp.rows), inp.rows)
 
-    # One chunk of input at a time: memory is the file plus two chunks, whatever the file's length.
+    # One chunk of input at a time: memory is about two chunks (and what `inp` reads ahead: one
+    # Parquet batch or a few JSON lines), whatever the file's length.
     # While a chunk is written and claimed (in order, by one uploader thread), the next one is
     # validated; the sequence after the previous claim is tried first (no listing per chunk).
     with ThreadPoolExecutor(max_workers=1) as uploader:

@@ -448,7 +448,8 @@ def test_the_vectorised_pass_through_equals_delivery_record_by_record(tmp_path: 
     per-record delivery (run_key, screen) of the same class: the same produced rows, carried
     state, dead letters and counters, epoch after epoch (the state carried by each path), over
     random records with disorder, repeats (in and across epochs), late ones, filtered and
-    malformed ones, null keys and ids, two segments."""
+    malformed ones, null keys and ids, two segments. Each record's text is canonical, as
+    computestage.read_records reads it for the pass-through (tests/test_passthrough_speed.py)."""
     from dataclasses import replace
 
     import pyarrow as pa
@@ -490,7 +491,7 @@ def test_the_vectorised_pass_through_equals_delivery_record_by_record(tmp_path: 
                 rows.append(
                     {"_t": t, "_key": user, "_id": None if err else eid, "_row": r, "_err": err,
                      "_src": "text" if err and err != "filtered" else None, "_seg": rnd.choice(["0", "1"]),
-                     "_seq": epoch, "_json": None if err else json.dumps(rec)}
+                     "_seq": epoch, "_json": None if err else json.dumps(rec, sort_keys=True)}
                 )  # fmt: skip
                 top = max(top or t, t)
             events = pa.Table.from_pylist(rows, RECORD_SCHEMA)

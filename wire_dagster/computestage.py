@@ -186,11 +186,13 @@ def load(spec: Pipeline) -> Loaded:
 # Reading records (on the executors)
 
 
-def _record_texts(reader: Pipeline, chunk: pa.Table) -> list[str | None]:
+def _record_texts(reader: Pipeline, chunk: pa.Table, canonical: bool = False) -> pa.Array:
     """Each record of a RECORDS chunk as JSON text, as the pipeline reads it: with its derived
     fields (`fields:`, the same DuckDB evaluation as the events', extract.py) set as keys of its
     line or columns of its Parquet row; a derived stream's rows without their `window_time`
-    (their time is `window_end - 1`: the row is key, window, aggregates and derived fields)."""
+    (their time is `window_end - 1`: the row is key, window, aggregates and derived fields).
+    A Parquet row is `json.dumps(row, default=_json_value)`, a line as given; `canonical`: both
+    as `json.dumps(record, sort_keys=True)`, the form `ctx.produce` stores (`json_rows`)."""
     from .extract import _prepare, payload_of
 
     payload = payload_of(chunk)
@@ -201,8 +203,81 @@ def _record_texts(reader: Pipeline, chunk: pa.Table) -> list[str | None]:
     if isinstance(payload, pa.Table):
         if WINDOW_TIME in payload.column_names and reader.time_field == WINDOW_TIME:
             payload = payload.drop_columns([WINDOW_TIME])
-        return [json.dumps(r, default=_json_value) for r in payload.to_pylist()]
-    return [None if b is None else b.decode("utf-8") for b in payload.to_pylist()]
+        return json_rows(payload, sort_keys=canonical)
+    if canonical:
+        return pa.array([None if b is None else _canonical_line(b) for b in payload.to_pylist()], pa.string())
+    return pa.array([None if b is None else b.decode("utf-8") for b in payload.to_pylist()], pa.string())
+
+
+def _canonical_line(line: bytes) -> str:
+    """A JSON line as `ctx.produce` stores its record; a line that is no JSON (a dead letter,
+    whose text is not used) as given."""
+    try:
+        return json.dumps(json.loads(line), sort_keys=True)
+    except ValueError:
+        return line.decode("utf-8", "replace")
+
+
+def json_rows(table: pa.Table, sort_keys: bool = False) -> pa.Array:
+    """Each row of `table` as `json.dumps(row, sort_keys=sort_keys, default=_json_value)` (row: its
+    dict of `to_pylist`), byte for byte, built column by column by Arrow where every column is a
+    number, boolean, text or null (`_json_column`); other columns (nested, timestamps, decimals,
+    bytes) or repeated column names: row by row in Python, the definition itself."""
+    from json.encoder import encode_basestring_ascii
+
+    names = table.column_names
+    cols = [_json_column(c.combine_chunks()) for c in table.columns] if len(set(names)) == len(names) else [None]
+    if any(c is None for c in cols):
+        return pa.array(
+            [json.dumps(r, sort_keys=sort_keys, default=_json_value) for r in table.to_pylist()], pa.string()
+        )
+    order = sorted(range(len(names)), key=lambda i: names[i]) if sort_keys else range(len(names))
+    parts: list = []
+    for n, i in enumerate(order):
+        parts += [("{" if n == 0 else ", ") + encode_basestring_ascii(names[i]) + ": ", cols[i]]
+    if not parts:
+        return pa.array(["{}"] * table.num_rows, pa.string())
+    parts.append("}")
+    return pc.binary_join_element_wise(*parts, "")  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _json_column(col: pa.Array) -> pa.Array | None:
+    """Each value of a column as json.dumps writes it (ensure_ascii, floats by repr, NaN and
+    Infinity by name, null), or None for a type this does not cover (`json_rows`)."""
+    from json.encoder import encode_basestring_ascii
+
+    typ = col.type
+    if pa.types.is_dictionary(typ):
+        return _json_column(col.cast(typ.value_type))
+    if pa.types.is_null(typ):
+        return pa.repeat(pa.scalar("null"), len(col))
+    if pa.types.is_integer(typ):
+        out = pc.cast(col, pa.string())
+    elif pa.types.is_boolean(typ):
+        out = pc.if_else(col, "true", "false")  # pyright: ignore[reportAttributeAccessIssue]
+    elif pa.types.is_floating(typ):
+        out = pa.array([None if v is None else _float_text(v) for v in col.to_pylist()], pa.string())
+    elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        text = col.cast(pa.string())
+        quoted = pc.binary_join_element_wise('"', text, '"', "")  # pyright: ignore[reportAttributeAccessIssue]
+        # what json's ASCII encoder escapes: a quote, a backslash, anything outside space..~
+        escape = pc.fill_null(pc.match_substring_regex(text, r'[^ -~]|["\\]'), False)  # pyright: ignore[reportAttributeAccessIssue]
+        if pc.any(escape).as_py():  # pyright: ignore[reportAttributeAccessIssue]
+            escaped = [encode_basestring_ascii(v) for v in text.filter(escape).to_pylist()]
+            quoted = pc.replace_with_mask(quoted, escape, pa.array(escaped, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
+        out = quoted
+    else:
+        return None
+    return pc.fill_null(out, "null")
+
+
+def _float_text(v: float) -> str:
+    """A float as json.dumps writes it (json.encoder's floatstr)."""
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "Infinity" if v > 0 else "-Infinity"
+    return float.__repr__(v)
 
 
 def _json_value(v: object) -> object:
@@ -213,23 +288,28 @@ def _json_value(v: object) -> object:
     return float(v) if isinstance(v, Decimal) else str(v)
 
 
-def read_records(spec: Pipeline, fs, bucket: str, key: str, seg: str, seq: int, ingest: int, fmt: int) -> pa.Table:
+def read_records(
+    spec: Pipeline, fs, bucket: str, key: str, seg: str, seq: int, ingest: int, fmt: int, canonical: bool = False
+) -> pa.Table:
     """One chunk as RECORD_SCHEMA rows: the pipeline's checks decide events, malformed and
-    filtered records (extract.py), and each event keeps its whole record as JSON text. A derived
-    input's "chunk" (`fmt` UPSTREAM) is an upstream window's partition file: `read_upstream`."""
+    filtered records (extract.py), and each event keeps its whole record as JSON text (`canonical`:
+    in `ctx.produce`'s form, `_record_texts`). A derived input's "chunk" (`fmt` UPSTREAM) is an
+    upstream window's partition file: `read_upstream`."""
     from .kernel import _read_key
 
     if fmt == UPSTREAM:
-        return read_upstream(spec, fs, bucket, key, seg, seq)
+        return read_upstream(spec, fs, bucket, key, seg, seq, canonical)
     if fmt != RECORDS:
         raise WireError(
             f"chunk {key}: a computation reads chunks of records (written by `wire produce` since "
             "streams are shared); this chunk holds one pipeline's events only"
         )
-    return _as_records(spec.reader_of(seg), _read_key(fs, bucket, key, None, []), ingest, seg, seq)
+    return _as_records(spec.reader_of(seg), _read_key(fs, bucket, key, None, []), ingest, seg, seq, canonical=canonical)
 
 
-def read_upstream(spec: Pipeline, fs, bucket: str, key: str, name: str, partition: int) -> pa.Table:
+def read_upstream(
+    spec: Pipeline, fs, bucket: str, key: str, name: str, partition: int, canonical: bool = False
+) -> pa.Table:
     """An upstream window's partition file (derived input `name`) as RECORD_SCHEMA rows: each
     result row a record (key, window_start, window_end, aggregates, and the pipeline's derived
     fields), event time window_end - 1, read with the input's key and filter; its position is
@@ -240,31 +320,42 @@ def read_upstream(spec: Pipeline, fs, bucket: str, key: str, name: str, partitio
     inp = next(i for i in spec.inputs if i.name == name)
     t = _read_key(fs, bucket, key, None, [])
     t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
-    return _as_records(spec.for_input(inp), records_chunk_of(t), _FAR, name, partition, every_text=True)
+    return _as_records(spec.for_input(inp), records_chunk_of(t), _FAR, name, partition, True, canonical)
 
 
 def _as_records(
-    reader: Pipeline, chunk: pa.Table, ingest: int, seg: str, seq: int, every_text: bool = False
+    reader: Pipeline,
+    chunk: pa.Table,
+    ingest: int,
+    seg: str,
+    seq: int,
+    every_text: bool = False,
+    canonical: bool = False,
 ) -> pa.Table:
     """RECORD_SCHEMA rows of a chunk: each event with its record's JSON text; with `every_text`
     (an upstream partition), a malformed or filtered row too: its window names it (deliveries.new_aside)."""
     from .extract import pipeline_events
 
     ev = pipeline_events(reader, chunk, ingest)
-    texts = _record_texts(reader, chunk)
-    at = {r: i for i, r in enumerate(chunk[ROW].to_pylist())}
-    js = [
-        texts[at[r]] if e is None or every_text else None
-        for r, e in zip(ev[ROW].to_pylist(), ev[ERR].to_pylist(), strict=True)
-    ]
+    texts = _record_texts(reader, chunk, canonical)
+    js = texts.take(pc.index_in(ev[ROW], value_set=chunk[ROW].combine_chunks()))  # pyright: ignore[reportAttributeAccessIssue]
+    if not every_text:
+        js = pc.if_else(pc.is_null(ev[ERR]), js, pa.scalar(None, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
     ev = ev.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), ev.num_rows))
     ev = ev.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), ev.num_rows))
-    ev = ev.append_column(JSON, pa.array(js, pa.string()))
+    ev = ev.append_column(JSON, js)
     return ev.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
 
 
 # ---------------------------------------------------------------------------
 # One key bucket of one epoch (pure: tests call it directly)
+
+
+def vectorised(loaded: Loaded) -> bool:
+    """Whether `run_bucket` hands the bucket to the one computation's own `bucket` (the
+    pass-through, passthrough.py), which takes each record's JSON text as it stores it: in
+    canonical form (`json.dumps(record, sort_keys=True)`, read so by `read_records`)."""
+    return len(loaded.classes) == 1 and getattr(loaded.classes[0], "bucket", None) is not None
 
 
 def _key_order(k: str | None) -> tuple[bool, str]:
@@ -284,8 +375,7 @@ def run_bucket(
     tables ("produced", ""), ("carried", ""), ("dead", ""), ("stats", ""), ("n", ""). With
     `sync` (a derived input), `events` are the rows of the upstream partitions read again, and
     each key's deliveries are `sync_changes`'s."""
-    if len(loaded.classes) == 1 and getattr(loaded.classes[0], "bucket", None) is not None:
-        # the pass-through (passthrough.py): the same tables, without per-record Python
+    if vectorised(loaded):  # the pass-through (passthrough.py): the same tables, without per-record Python
         return loaded.classes[0].bucket(loaded, events, carried, w_prev, w_new)
     carried_by: dict[str, dict[str | None, str]] = {}
     cd = carried.select(CARRIED_SCHEMA.names).to_pydict()
@@ -524,12 +614,13 @@ class _Source:
     fs_options: dict
     bucket: str
     spec: Pipeline
+    canonical: bool = False  # records' JSON texts in canonical form (`vectorised`)
 
     def chunk_keys(self, chunks: list[ChunkMeta]) -> list[tuple[str, str, int, int, int]]:
         return [(c.data_key, c.segment, c.seq, c.ingest_ms, c.format) for c in chunks if c.data_key]
 
     def read(self, fs, keys: list[tuple[str, str, int, int, int]]) -> pa.Table:
-        parts = [read_records(self.spec, fs, self.bucket, *k) for k in keys]
+        parts = [read_records(self.spec, fs, self.bucket, *k, canonical=self.canonical) for k in keys]
         return pa.concat_tables(parts) if parts else RECORD_SCHEMA.empty_table()
 
     def carried(self, fs, key: str | None) -> pa.Table:
@@ -594,7 +685,7 @@ def compute(
     format UPSTREAM (`epochs`' chunks are then empty); one task unless `single_task` is False."""
     from .bucketkernel import PACKED_DDL, pack, unpack
 
-    src = _Source(store.fs_options(), store.bucket, spec)
+    src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
     keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [f for _, f in sync]
     hows = [s for s, _ in sync] if sync is not None else [None] * len(epochs)
     assert len(keys) == len(epochs) == len(hows)
@@ -642,7 +733,9 @@ def _bucketed(
         fs = _fs(src.fs_options)
         for b in batches:
             for r in b.to_pylist():
-                t = read_records(src.spec, fs, src.bucket, r["k"], r["seg"], r["seq"], r["ingest"], r["fmt"])
+                t = read_records(
+                    src.spec, fs, src.bucket, r["k"], r["seg"], r["seq"], r["ingest"], r["fmt"], src.canonical
+                )
                 yield from t.to_batches(max_chunksize=65536)
 
     cols = [("k", pa.string()), ("seg", pa.string()), ("seq", pa.int64()), ("ingest", pa.int64()), ("fmt", pa.int64())]

@@ -523,35 +523,40 @@ def passed_records(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
 
     The output's own columns (key, window, id, record) are not the record's: a raw field may
     bear one of their names (NEXMark's `id`)."""
+    import numpy as np
+
     from .events import ID, RAW, ROW, TIME
 
     time = pc.subtract(rows["window_end"], 1)  # pyright: ignore[reportAttributeAccessIssue]
-    texts = rows["record"].to_pylist()
-    lines = [
-        f'{{"{WINDOW_TIME}":{t}' + ("," + x[1:] if x.strip() != "{}" else "}")
-        for t, x in zip(time.to_pylist(), texts, strict=True)
-    ]
+    texts = rows["record"]
+    # each line: `{"window_time":<t>` then the record's text less its `{` (`,` first unless it is `{}`)
+    empty = pc.equal(pc.utf8_trim_whitespace(texts), "{}")  # pyright: ignore[reportAttributeAccessIssue]
+    rest = pc.if_else(empty, "}", pc.binary_join_element_wise(",", pc.utf8_slice_codeunits(texts, 1), ""))  # pyright: ignore[reportAttributeAccessIssue]
+    lines = pc.binary_join_element_wise(f'{{"{WINDOW_TIME}":', pc.cast(time, pa.string()), rest, "")  # pyright: ignore[reportAttributeAccessIssue]
     chunk = pa.table(
         {
             TIME: time,
             ID: pa.nulls(rows.num_rows, pa.string()),
-            ROW: pa.array(range(rows.num_rows), pa.int64()),
-            RAW: pa.array([x.encode() for x in lines], pa.large_binary()),
+            ROW: pa.array(np.arange(rows.num_rows, dtype=np.int64)),
+            RAW: lines.cast(pa.large_binary()),
         }
     )
     return _record_fields(texts).append_column(WINDOW_TIME, time), chunk
 
 
-def _record_fields(texts: list[str]) -> pa.Table:
+def _record_fields(texts: pa.ChunkedArray) -> pa.Table:
     """JSON objects as columns of their JSON types (see `passed_records`)."""
     import io
     import json
 
     import pyarrow.json as pj
 
-    if not texts:
+    if not len(texts):
         return pa.table({})
-    data = io.BytesIO("\n".join(texts).encode())
+    one = texts.combine_chunks().cast(pa.large_string())
+    whole = pa.LargeListArray.from_arrays(pa.array([0, len(one)], pa.int64()), one)  # one list of every text
+    lines = pc.binary_join(whole, pa.scalar("\n", pa.large_string()))  # pyright: ignore[reportAttributeAccessIssue]
+    data = io.BytesIO(lines[0].as_buffer())
     try:
         fields = pj.read_json(data)
         stamps = [f for f in fields.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
@@ -561,7 +566,7 @@ def _record_fields(texts: list[str]) -> pa.Table:
             opts = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
             fields = pj.read_json(data, parse_options=opts)
     except pa.ArrowInvalid:  # a field of several JSON types: column by column, in Python
-        recs = [json.loads(x) for x in texts]
+        recs = [json.loads(x) for x in texts.to_pylist()]
         names = list(dict.fromkeys(k for r in recs for k in r))
         cols = {}
         for k in names:

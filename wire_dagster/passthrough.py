@@ -43,12 +43,15 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     no per-record Python call: DuckDB over the bucket's Arrow tables screens the records
     (duplicate ids, late records: `computestage.screen`'s rules), delivers those W passed and
     buffers the rest, and the produced rows, carried state, dead letters and counters are the
-    tables `run_bucket` returns, row for row (tests/test_raw_joins.py compares both). Per
-    record only the JSON text is put in canonical form (sorted keys, as `ctx.produce` stores
-    it), by the json module's C code."""
+    tables `run_bucket` returns, row for row (tests/test_raw_joins.py compares both). Each
+    record's JSON text arrives in the canonical form `ctx.produce` stores (sorted keys:
+    computestage.read_records reads it so for this class, `computestage.vectorised`), so it is
+    produced, and a dead letter's event, as it is: no record is parsed, but those waiting for W
+    (carried as KeyState's JSON)."""
     import json
 
     import duckdb
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -84,7 +87,8 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     for c, k, d in zip(cd["comp"], cd["key"], cd["data"], strict=True):
         if c == comp.name:
             for i in KeyState.from_json(d).buffer:
-                for col, v in zip(buf, (i.t, k, i.seg, i.seq, i.row, json.dumps(i.record), i.oid), strict=True):
+                j = json.dumps(i.record, sort_keys=True)  # canonical, as the records read (docstring)
+                for col, v in zip(buf, (i.t, k, i.seg, i.seq, i.row, j, i.oid), strict=True):
                     buf[col].append(v)
         elif c == IDS_PREFIX + comp.name:
             for rid, exp in json.loads(d).items():
@@ -92,15 +96,18 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
                 mem["id"].append(rid)
                 mem["expires"].append(exp)
     n_before = len(buf["t"])
-    types = {"t": pa.int64(), "seq": pa.int64(), "row": pa.int64(), "expires": pa.int64()}
+    # the texts stay in Arrow: DuckDB moves each record's place `ix` in them (good's, then buf's)
+    texts = pa.chunked_array([*good[JSON].cast(pa.string()).chunks, pa.array(buf.pop("j"), pa.string())], pa.string())
+    buf["ix"] = list(range(good.num_rows, good.num_rows + n_before))
+    types = {"t": pa.int64(), "seq": pa.int64(), "row": pa.int64(), "expires": pa.int64(), "ix": pa.int64()}
     con = duckdb.connect(config={"threads": 1})
     try:
-        con.register("good", good)
+        con.register("good", good.drop_columns([JSON]).append_column("ix", pa.array(np.arange(good.num_rows))))
         con.register("buf", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in buf.items()}))
         con.register("mem", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in mem.items()}))
         con.execute(f"""
             CREATE TEMP TABLE f AS
-            SELECT {TIME} AS t, {KEY} AS k, {ID} AS id, {SEG} AS seg, {SEQ} AS seq, {ROW} AS row, {JSON} AS j,
+            SELECT {TIME} AS t, {KEY} AS k, {ID} AS id, {SEG} AS seg, {SEQ} AS seq, {ROW} AS row, ix,
                    '' AS oid,
                    {ID} IS NOT NULL AND (
                        row_number() OVER (PARTITION BY {KEY}, {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
@@ -111,10 +118,10 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         con.execute(f"CREATE TEMP TABLE fl AS SELECT *, {late} AS late FROM f")
         con.execute("""
             CREATE TEMP TABLE acc AS
-            SELECT t, k, seg, seq, row, j, oid FROM fl WHERE NOT dup AND NOT late
-            UNION ALL SELECT t, k, seg, seq, row, j, oid FROM buf""")
+            SELECT t, k, seg, seq, row, ix, oid FROM fl WHERE NOT dup AND NOT late
+            UNION ALL SELECT t, k, seg, seq, row, ix, oid FROM buf""")
         out_rows = con.sql(f"""
-            SELECT k, t, seg, seq, row, j, oid, t < {w_prev} AS is_late FROM acc WHERE t < {w_new}""").to_arrow_table()
+            SELECT k, t, seg, seq, row, ix, oid, t < {w_prev} AS is_late FROM acc WHERE t < {w_new}""").to_arrow_table()
         waiting = con.sql(f"SELECT * FROM acc WHERE t >= {w_new} ORDER BY k, t, seg, seq, row").to_arrow_table()
         aside = con.sql("SELECT * FROM fl WHERE dup OR late ORDER BY seg, seq, row").to_arrow_table()
         memory = con.sql(f"""
@@ -139,7 +146,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         ),
         out_rows["oid"],
     )
-    loads, dumps = json.loads, json.dumps
+    loads = json.loads
     produced = pa.table(
         {
             "output": pa.repeat(pa.scalar(output), out_rows.num_rows),
@@ -147,7 +154,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
             "window_start": out_rows["t"],
             "window_end": pc.add(out_rows["t"], 1),  # pyright: ignore[reportAttributeAccessIssue]
             "id": pc.binary_join_element_wise(f"{comp.name}|", origin, "|0", ""),  # pyright: ignore[reportAttributeAccessIssue]
-            "record": pa.array([dumps(loads(x), sort_keys=True) for x in out_rows["j"].to_pylist()], pa.string()),
+            "record": texts.take(out_rows["ix"]),
         },
         schema=PRODUCED_SCHEMA,
     )
@@ -155,6 +162,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     # carried: each key's waiting records (KeyState's own JSON), then its id memory
     new_carried: list[dict] = []
     w = waiting.to_pydict()
+    w["j"] = texts.take(waiting["ix"]).to_pylist()
     by_key: dict = {}
     for i in range(waiting.num_rows):
         item = Item(w["t"][i], w["seg"][i], w["seq"][i], w["row"][i], loads(w["j"][i]), w["oid"][i])
@@ -173,13 +181,14 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         for r in bad.select([ERR, SRC, TIME, SEG, SEQ, ROW]).to_pylist()
     ]  # fmt: skip
     a = aside.to_pydict()
+    a["j"] = texts.take(aside["ix"]).to_pylist()
     for i in range(aside.num_rows):
         why = "duplicate" if a["dup"][i] else "late"
         dead.append(
             {
                 "reason": why,
                 "window": comp.name if why == "late" else None,
-                "event": dumps(loads(a["j"][i]), sort_keys=True),
+                "event": a["j"][i],
                 "event_time": a["t"][i],
                 "segment": a["seg"][i],
                 "chunk": a["seq"][i],

@@ -457,7 +457,7 @@ def tumble_table(spec: Pipeline, rows: list[tuple[str, int, int]]):
     """Rows (key, window_start, n) of the `tumble` window as read_results returns them."""
     import pyarrow as pa
 
-    schema = results.empty_output(spec, "tumble").schema
+    schema = results.output_schema(spec, "tumble")
     w = spec.window("tumble")
     return pa.Table.from_pylist(
         [

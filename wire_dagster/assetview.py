@@ -22,7 +22,7 @@ from .checkpoint import Checkpoints
 from .errors import WireError
 from .manifest import Counts, Manifest
 from .objectstore import ObjectStore, s3_client
-from .results import empty_output
+from .results import output_schema
 from .spec import Aggregate, Pipeline
 from .status import describe_epoch, size_text, watermark_lag
 from .timeutil import INF, NEG_INF, format_duration, iso
@@ -54,7 +54,7 @@ def output_columns(spec: Pipeline, window: str) -> list[tuple[str, str, str]]:
         about[a.name] = aggregate_text(a)
     for c in w.select:
         about[c.name] = f"{c.side}.{c.column} (typed as that input's column)"
-    return [(f.name, str(f.type), about.get(f.name, "")) for f in empty_output(spec, window).schema]
+    return [(f.name, str(f.type), about.get(f.name, "")) for f in output_schema(spec, window)]
 
 
 # -- a partition's own facts -----------------------------------------------------------------

@@ -38,7 +38,7 @@ from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
-from .results import empty_output, read_file
+from .results import output_schema, read_file
 from .spec import WINDOW_TIME, Input, Pipeline, WindowSpec, find_pipeline, pipelines_dir
 from .timeutil import INF, NEG_INF, now_ms
 
@@ -473,7 +473,7 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     n = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
     rows = {}
     for w in spec.windows:
-        schema = empty_output(spec, w.name).schema.append(pa.field("retract", pa.bool_()))
+        schema = output_schema(spec, w.name).append(pa.field("retract", pa.bool_()))
         got = tables.get(("out", w.name), [])
         if w.type != "join":  # a join's columns keep their inputs' types
             got = [t.select(schema.names).cast(schema) for t in got]

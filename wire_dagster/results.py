@@ -50,7 +50,13 @@ def read_results(store: ObjectStore, spec: Pipeline, window: str, partitions: li
 
 
 def empty_output(spec: Pipeline, window: str) -> pa.Table:
-    """A window's results with no row: their columns and types."""
+    """A window's results with no row."""
+    return output_schema(spec, window).empty_table()
+
+
+def output_schema(spec: Pipeline, window: str) -> pa.Schema:
+    """A window's result columns and types (without a table: `empty_table` imports pandas, ~0.2 s
+    of every process that loads the Dagster definitions, whose assets describe these columns)."""
     w = spec.window(window)
     fields = [pa.field("key", pa.string()), pa.field("window_start", pa.int64()), pa.field("window_end", pa.int64())]
     arrow = {"BIGINT": pa.int64(), "STRING": pa.string()}
@@ -60,7 +66,7 @@ def empty_output(spec: Pipeline, window: str) -> pa.Table:
     fields += [pa.field(c.name, pa.string()) for c in w.select]
     if w.type == "output":  # a computation's records (computestage.py): their id and fields (JSON)
         fields += [pa.field("id", pa.string()), pa.field("record", pa.string())]
-    return pa.schema(fields).empty_table()
+    return pa.schema(fields)
 
 
 def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import subprocess
@@ -366,7 +367,11 @@ def run_measured(
     if killed.is_set():
         raise SystemExit(f"timed out after {timeout:.0f} s: {shlex.join(cmd)}")
     if p.returncode != 0:
-        raise SystemExit(f"{shlex.join(cmd)} exited {p.returncode}:\n{stderr.strip()[-3000:]}")
+        # a JVM's stack trace buries its cause: the lines naming an exception first, then the tail
+        causes = [ln for ln in stderr.splitlines() if re.search(r"(Exception|Error)\b.*:", ln)][:6]
+        raise SystemExit(
+            f"{shlex.join(cmd)} exited {p.returncode}:\n" + "\n".join(causes) + f"\n...\n{stderr.strip()[-2000:]}"
+        )
     cpu = usage.ru_utime + usage.ru_stime + sum(mem.desc_cpu.values()) + mem.servers_cpu()
     return Measured(
         cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak, stdout, stderr, t_start, time.time()

@@ -403,6 +403,40 @@ def _produce_in_epochs(store, spec, tmp_path: Path, events: list[dict], rnd: ran
         pass
 
 
+def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp_path: Path, monkeypatch) -> None:
+    """A stage of computations holds every record of an epoch, and a Spark job hands the driver
+    what they all produced at once (NEXMark q7's pass-through of 9.2 M bids in one epoch ran a
+    4 GB driver out of heap): its epochs, and its jobs, read at most WIRE_COMPUTATION_EPOCH_ROWS
+    input rows, whole chunks. The records are those of one epoch reading everything."""
+    from wire_dagster import reclock
+
+    rnd = random.Random(11)
+    mods = _modules(tmp_path / "m")
+    events = _events(rnd, 300)
+    f = tmp_path / "all.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    budgeted = load_pipeline(_pipeline(mods, name="budgeted"))
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", budgeted), f, chunk_rows=25)  # 12 chunks
+    streams.close_stream(store, "clicks")
+
+    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_ROWS", "60")
+    job = reclock.plan_job(store, budgeted, reclock.from_manifest(None), 0, None, 20, None)
+    assert [len(p.chunks) for p in job] == [2]  # 2 chunks of 25; a third would make 75; one epoch a job
+    while engine.process(store, budgeted, spark, max_epochs=20, keep_epochs=50).committed:
+        pass
+    cp = Checkpoints(store, "budgeted")
+    read = [cp.load(n).counts.events_in for n in cp.committed()]
+    assert sum(read) == 300 and max(read) <= 60 and len([n for n in read if n]) == 6, read
+
+    monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_ROWS")  # the default (1,000,000): one epoch for all
+    whole = load_pipeline(_pipeline(mods, name="whole"))
+    while engine.process(store, whole, spark, max_epochs=20).committed:
+        pass
+    last = Checkpoints(store, "whole").latest()
+    assert last is not None and last.counts.events_in == 300
+    assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_the_stage_on_spark_equals_the_reference_and_replays_exactly(store, spark, tmp_path: Path, seed: int) -> None:
     rnd = random.Random(seed)

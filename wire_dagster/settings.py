@@ -3,9 +3,10 @@ default, so a bad value is one WireInputError naming the variable wherever the k
 
 WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JOB (a backlog's
 epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
-task), WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation
-owns). An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's
-own settings are in sparkconf.py / sparksession.py.
+task), WIRE_COMPUTATION_EPOCH_ROWS (the input rows an epoch of computations reads at most),
+WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation owns).
+An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's own
+settings are in sparkconf.py / sparksession.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from .spec import Pipeline
 EPOCHS_PER_JOB = 8
 #: Default of WIRE_SINGLE_TASK_ROWS (measured: benchmarks/kernel.py --single-task-rows).
 SINGLE_TASK_ROWS = 2_000_000
+#: Default of WIRE_COMPUTATION_EPOCH_ROWS: the input rows one epoch (and one Spark job) of a stage of
+#: computations reads at most. NEXMark q7's pass-through of 9.2 M bids in one epoch ran a 4 GB
+#: driver out of heap collecting what it produced (benchmarks/nexmark_queries.py --events 10M).
+COMPUTATION_EPOCH_ROWS = 1_000_000
 #: Default of WIRE_DERIVED_BLOCK_FILES: a derived stage's recomputation over more upstream
 #: partition files than this is split into Spark tasks by event time (derived._blocks).
 DERIVED_BLOCK_FILES = 8
@@ -42,6 +47,17 @@ def keep_epochs(spec: Pipeline, value: int | None = None) -> int:
     """Committed epochs garbage collection keeps: `value` (a caller's explicit count, `wire gc
     --keep`), else WIRE_KEEP_EPOCHS, else the pipeline's `dagster.keep_epochs` (default 10)."""
     return count("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
+
+
+def epoch_rows(spec: Pipeline) -> int | None:
+    """The input rows one epoch of `spec` reads at most (whole chunks, at least one), and one
+    Spark job computes: None (no bound but `max_chunks_per_epoch`) for windows, whose results are
+    aggregates; for a stage of computations WIRE_COMPUTATION_EPOCH_ROWS, default
+    COMPUTATION_EPOCH_ROWS: it holds each record of an epoch, and a job hands the driver what
+    the records produced (the pass-through: every record) at once."""
+    if not spec.computations:
+        return None
+    return count("WIRE_COMPUTATION_EPOCH_ROWS", None, COMPUTATION_EPOCH_ROWS)
 
 
 def derived_block_files() -> int:

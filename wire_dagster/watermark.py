@@ -53,8 +53,11 @@ class EpochClock:
         return max([c.max_t for c in self.segments.values()] + [NEG_INF])
 
 
-def select_chunks(views: dict[str, SegmentView], offsets: dict[str, int], budget: int) -> dict[str, list[ChunkMeta]]:
-    """Back-pressure: at most `budget` chunks, the segments kept aligned in event time.
+def select_chunks(
+    views: dict[str, SegmentView], offsets: dict[str, int], budget: int, max_rows: int | None = None
+) -> dict[str, list[ChunkMeta]]:
+    """Back-pressure: at most `budget` chunks, and at most `max_rows` rows unless one chunk alone
+    has more, the segments kept aligned in event time.
 
     The next chunk taken is always the segment head that starts earliest (`min_t`; a chunk
     with no valid event first), then the segment with fewer chunks taken so far, then the
@@ -65,11 +68,15 @@ def select_chunks(views: dict[str, SegmentView], offsets: dict[str, int], budget
     """
     queues = {s: list(v.chunks) for s, v in sorted(views.items())}
     out: dict[str, list[ChunkMeta]] = {s: [] for s in queues}
-    for _ in range(budget):
+    rows = 0
+    for n in range(budget):
         heads = [(q[0].min_t if q[0].min_t is not None else NEG_INF, len(out[s]), s) for s, q in queues.items() if q]
         if not heads:
             break
         s = min(heads)[2]
+        if n and max_rows is not None and rows + queues[s][0].rows > max_rows:
+            break
+        rows += queues[s][0].rows
         out[s].append(queues[s].pop(0))
     return out
 

@@ -378,6 +378,113 @@ def run_measured(
     )
 
 
+#: What runs one `wire` command (its arguments after `wire`) and measures it.
+Runner = Callable[[list[str]], Measured]
+
+
+def process_runner(env: dict[str, str], tmp: Path, server_pids: list[int]) -> Runner:
+    """Each command a new `wire` process (run_measured)."""
+    return lambda args: run_measured([WIRE, *args], env, tmp, server_pids)
+
+
+class WireShell:
+    """One `wire shell --warm` for many commands (the warm pairing): started, its Spark session
+    attached with its Python workers up and the pipelines' definitions loaded, before the first
+    timed command, as a warm Spark SS session is; then each `run(args)` writes one command line
+    and waits for its status line. stdout goes to a file (the shell flushes it before the status
+    line, so a command's output is all there when its status arrives); a command's CPU is the
+    shell's process tree's and the servers' over the command."""
+
+    _STATUS = re.compile(r"^wire: exit (\d+) in [0-9.]+ s$")
+
+    def __init__(self, env: dict[str, str], tmp: Path, server_pids: list[int]) -> None:
+        self.tmp, self.server_pids = tmp, server_pids
+        self._out_path = tmp / f"shell-{uuid.uuid4().hex[:8]}.out"
+        self._out = open(self._out_path, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [WIRE, "shell", "--warm"],
+            env=env,
+            cwd=str(tmp),
+            stdin=subprocess.PIPE,
+            stdout=self._out,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        ready = self._until(lambda line: line.startswith("wire: ready"))
+        self.start_s = time.perf_counter() - t0
+        if ready is None:
+            self.close()
+            raise SystemExit("wire shell --warm did not start")
+
+    def _until(self, done: Callable[[str], bool], seen: list[str] | None = None) -> str | None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            if done(line):
+                return line
+            if seen is not None:
+                seen.append(line)
+        return None
+
+    def _tree_cpu(self) -> float:
+        import psutil
+
+        total = 0.0
+        try:
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.Error:
+            return total
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+    def run(self, args: list[str]) -> Measured:
+        assert self.proc.stdin is not None
+        before, cpu0 = self._out_path.stat().st_size, self._tree_cpu()
+        t_start, t0 = time.time(), time.perf_counter()
+        err: list[str] = []
+        with ProcTree(self.proc.pid, self.server_pids) as mem:
+            self.proc.stdin.write(shlex.join(args) + "\n")
+            self.proc.stdin.flush()
+            status = self._until(lambda line: bool(self._STATUS.match(line)), err)
+        wall = time.perf_counter() - t0
+        cmd = ["wire shell:", *args]
+        if status is None:
+            raise SystemExit(f"{shlex.join(cmd)}: the shell ended: " + "\n".join(err[-20:]))
+        code = int(status.split()[2])
+        if code != 0:
+            raise SystemExit(f"{shlex.join(cmd)} exited {code}:\n" + "\n".join(err[-20:]))
+        with open(self._out_path) as f:
+            f.seek(before)
+            stdout = f.read()
+        cpu = self._tree_cpu() - cpu0 + mem.servers_cpu()
+        return Measured(
+            cmd, wall, cpu, mem.peak.total, mem.server_peak, mem.with_server_peak, stdout, "\n".join(err), t_start,
+            time.time(),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """End of input, then the shell's process group is stopped (it should have left by itself)."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self._out.close()
+        self._out_path.unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------
 # The sides' servers, buckets and environments
 
@@ -493,18 +600,17 @@ def peer_env() -> dict[str, str]:
 
 def tick_until_idle(
     pipeline: str,
-    env: dict[str, str],
-    tmp: Path,
-    server_pids: list[int],
+    run: Runner,
     extra: tuple[str, ...] | list[str] = (),
     on_tick: Callable[[int, Measured], None] = lambda n, m: None,
 ) -> tuple[list[Measured], Measured]:
-    """`wire tick --pipeline <pipeline> <extra>`, measured, one process at a time, until its sensor
-    requests no run; returns the ticks that launched runs and the last, empty one (reported apart:
-    it only confirms). SystemExit on a run that did not succeed, or after MAX_TICKS ticks."""
+    """`wire tick --pipeline <pipeline> <extra>`, measured (`run`: a process each, or a shell),
+    one at a time, until its sensor requests no run; returns the ticks that launched runs and the
+    last, empty one (reported apart: it only confirms). SystemExit on a run that did not succeed,
+    or after MAX_TICKS ticks."""
     ticks: list[Measured] = []
     for _ in range(MAX_TICKS):
-        m = run_measured([WIRE, "tick", "--pipeline", pipeline, *extra], env, tmp, server_pids)
+        m = run(["tick", "--pipeline", pipeline, *extra])
         if "sensor requested no run" in m.stdout:
             return ticks, m
         bad = [ln for ln in m.stdout.splitlines() if ln.startswith("run ") and not ln.endswith("SUCCESS")]

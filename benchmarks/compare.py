@@ -54,6 +54,7 @@ from benchmarks.common import (
     md_table,
     parse_sides,
     peer_env,
+    process_runner,
     run_measured,
     save_report,
     software_line,
@@ -218,9 +219,7 @@ def run_wire(
     r.close = run_measured([WIRE, "close", "--pipeline", q.name], env, tmp, server_pids)
     r.ticks, r.final_tick = tick_until_idle(
         q.name,
-        env,
-        tmp,
-        server_pids,
+        process_runner(env, tmp, server_pids),
         on_tick=lambda n, m: log(f"  wire tick {n}: {m.wall:.1f} s, {m.stdout.count('SUCCESS')} runs"),
     )
     out = tmp / f"wire-{q.name}.parquet"

@@ -299,6 +299,7 @@ COMMANDS = [
     ["gc"],
     ["dev"],
     ["demo"],
+    ["shell"],
     ["s3", "start"],
     ["spark", "start"],
     [],

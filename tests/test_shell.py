@@ -1,0 +1,179 @@
+"""`wire shell`: many `wire` commands in one process, its Spark session kept between them.
+
+Driven as a script drives it, through pipes: each command is written to its stdin and the
+test waits for the command's `wire: exit <code>` line on stderr before the next. Checked
+against independent expectations: the committed windows equal the plain batch aggregation
+(tests/reference.py) after two produce + tick rounds; both ticks compute in the very JVM
+`--warm` started before the first command (the shell's child processes, before and after); a bad command is its
+one line and the next command still runs; `-v` holds for its own command only; `exit` ends
+the shell before the lines after it; the shell's exit code is the last failed command's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from reference import batch_of_clicks
+from test_cli_tick import PIPELINE, make_events, parse_iso
+
+STATUS = re.compile(r"^wire: exit (\d+) in [0-9.]+ s$")
+
+
+class Shell:
+    """A real `wire shell` in its own process group; `send` writes one command line and returns
+    its exit code and the stderr lines it wrote before its status line."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        exe = shutil.which("wire", path=str(Path(sys.executable).parent)) or "wire"
+        self.proc = subprocess.Popen(
+            [exe, "shell", *args],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self._drain = threading.Thread(target=self._read_stdout, daemon=True)
+        self._drain.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+
+    def until_ready(self) -> None:
+        """Until `--warm`'s ready line (a local JVM's own warnings may come before it)."""
+        assert self.proc.stderr is not None
+        seen = []
+        for line in self.proc.stderr:
+            if line.startswith("wire: ready in "):
+                return
+            seen.append(line)
+        raise AssertionError(f"the shell ended (exit {self.proc.wait()}) before it was ready: {seen}")
+
+    def until_status(self) -> tuple[int, list[str]]:
+        assert self.proc.stderr is not None
+        seen: list[str] = []
+        for line in self.proc.stderr:
+            m = STATUS.match(line.rstrip("\n"))
+            if m:
+                return int(m.group(1)), seen
+            seen.append(line.rstrip("\n"))
+        raise AssertionError(f"the shell ended (exit {self.proc.wait()}) without a status line; stderr: {seen}")
+
+    def send(self, line: str) -> tuple[int, list[str]]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.until_status()
+
+    def close(self, timeout: float = 120) -> tuple[int, str]:
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        rest = self.proc.stderr.read()
+        code = self.proc.wait(timeout=timeout)
+        self._drain.join(timeout=10)
+        return code, rest
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def jvms(self) -> set[int]:
+        """The shell's descendant JVMs (a local Spark session's)."""
+        kids = psutil.Process(self.proc.pid).children(recursive=True)
+        return {p.pid for p in kids if "java" in (p.name() or "")}
+
+
+def test_a_shell_ticks_twice_in_one_jvm_and_commits_what_separate_commands_do(store, cli_env, tmp_path: Path) -> None:
+    from wire_dagster.spec import load_pipeline
+
+    pdir = tmp_path / "pipelines"
+    pdir.mkdir()
+    (pdir / "ticky.yaml").write_text(yaml.safe_dump(PIPELINE))
+    spec = load_pipeline(pdir / "ticky.yaml")
+    env = dict(
+        cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(tmp_path / "dagster-home"), WIRE_SPARK_MASTER="local[2]"
+    )
+    env.pop("WIRE_SPARK_REMOTE", None)  # a local session: its JVM is the shell's child, to be seen
+    events = make_events()
+    half = len(events) // 2
+    files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "never.jsonl"]
+    for f, evs in zip(files, (events[:half], events[half:], events[:1]), strict=True):
+        f.write_text("".join(json.dumps(e) + "\n" for e in evs))
+
+    sh = Shell(["--warm"], env)
+    try:
+        sh.until_ready()
+        first_jvms = sh.jvms()
+        assert len(first_jvms) == 1, first_jvms  # --warm: the local session is up before any command
+        assert sh.send(f"produce -p ticky --file {files[0]}")[0] == 0
+        code, err = sh.send("wire tick --pipeline ticky")
+        assert code == 0, err
+        assert sh.jvms() == first_jvms  # the tick computed in it, and it is kept after the command
+        assert sh.send(f"produce -p ticky --file '{files[1]}'  # the second half")[0] == 0
+        assert sh.send("close -p ticky")[0] == 0
+        code, err = sh.send("tick -p ticky")
+        assert code == 0, err
+        assert sh.jvms() == first_jvms  # computed in the JVM the first tick started
+        code, err = sh.send("tick -p nosuch")  # a bad command: its one line, the shell goes on
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: --pipeline: no pipeline named 'nosuch'"), err
+        code, err = sh.send('status -p "ticky')
+        assert code == 2 and err == ['error: No closing quotation: status -p "ticky'], err
+        assert sh.send("shell") == (2, ["error: shell: a shell is already running"])
+        for w in spec.windows:
+            assert sh.send(f"read -p ticky --window {w.name} --format jsonl")[0] == 0
+        sh.proc.stdin.write(f"exit\nproduce -p ticky --file {files[2]}\n")  # pyright: ignore[reportOptionalMemberAccess]
+        code, rest = sh.close()
+    finally:
+        sh.kill()
+    assert code == 2, rest  # the last failed command's (the nested shell)
+    assert rest == "", rest  # nothing ran after `exit`: the produce after it wrote no status line
+
+    rows = [json.loads(ln) for ln in sh.stdout if ln.startswith("{")]
+    want = batch_of_clicks(spec, events)
+    got_keys = sorted((r["key"], parse_iso(r["window_start"]), parse_iso(r["window_end"])) for r in rows)
+    want_keys = sorted((r["key"], r["window_start"], r["window_end"]) for w in spec.windows for r in want[w.name])
+    assert got_keys == want_keys
+    assert sum(r["n"] for r in rows) == sum(r["n"] for w in spec.windows for r in want[w.name])
+
+
+def test_a_command_cannot_leave_verbose_on_for_the_next(
+    cli_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """In-process, through the CLI's own `main`: `-v` sets WIRE_DEBUG for its command only."""
+    from wire_dagster import cli, shell
+
+    monkeypatch.delenv("WIRE_DEBUG", raising=False)
+    monkeypatch.setenv("WIRE_PIPELINES", str(tmp_path))
+    seen: list[str | None] = []
+
+    def main(argv: list[str]) -> int:
+        code = cli.main(argv)
+        seen.append(os.environ.get("WIRE_DEBUG"))
+        return code
+
+    import io
+
+    err = io.StringIO()
+    code = shell.run(main, ["-v status -p nosuch\n", "\n", "# a comment\n", "status -p nosuch\n"], err)
+    assert code == 2
+    assert seen == ["1", None]  # set during the -v command, gone before the next
+    assert os.environ.get("WIRE_DEBUG") is None
+    lines = [ln for ln in err.getvalue().splitlines() if STATUS.match(ln)]
+    assert len(lines) == 2, err.getvalue()  # blank and comment lines are not commands

@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.common import (
+    CMD_TIMEOUT,
     WIRE,
     LoadSampler,
     Measured,
@@ -151,6 +152,7 @@ class WireSide:
     ingest: dict[str, list[Measured]] = field(default_factory=dict)  # stream -> produce, close
     stages: dict[str, Stage] = field(default_factory=dict)
     results: dict[str, list[tuple]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # query -> the failed command's cause
 
     def ingest_s(self, streams: list[str]) -> float:
         return sum(m.wall for s in streams for m in self.ingest.get(s, []))
@@ -232,15 +234,26 @@ class Peer:
     info: dict = field(default_factory=dict)
     result: list[tuple] | None = None
     refused: str | None = None
+    failed: str | None = None  # the process failed (out of memory, --peer-timeout): its cause's first line
 
 
-def spark_peer(q: str, data: Path, master: str, env: dict, tmp: Path, warm: bool) -> Peer:
+def failure(e: SystemExit) -> str:
+    """The first line naming a cause in a failed command's message (run_measured leads with them)."""
+    lines = [ln.strip() for ln in str(e.code if e.code is not None else e).splitlines() if ln.strip()]
+    causes = [ln for ln in lines[1:] if ln != "..."]
+    return (causes[0] if causes else lines[0] if lines else "failed")[:300]
+
+
+def spark_peer(q: str, data: Path, master: str, env: dict, tmp: Path, warm: bool, timeout: float) -> Peer:
     from benchmarks.peers import read_spark_output
 
     out = tmp / f"spark-{q}-{uuid.uuid4().hex[:6]}"
     cmd = [sys.executable, str(HERE / "nexmark_sql.py"), "spark", "--query", q, "--data", str(data)]
     cmd += ["--out", str(out), "--delay-ms", str(DELAY_MS), "--master", master] + (["--warm"] if warm else [])
-    m = run_measured(cmd, env, tmp, [])
+    try:
+        m = run_measured(cmd, env, tmp, [], timeout=timeout)
+    except SystemExit as e:  # recorded, and the run goes on to the next side
+        return Peer(failed=failure(e))
     info = m.last_json()
     if "refused" in info:
         return Peer(info=info, refused=info["refused"])
@@ -256,10 +269,13 @@ def spark_peer(q: str, data: Path, master: str, env: dict, tmp: Path, warm: bool
     return Peer(m.wall, m.cpu, info, res)
 
 
-def duckdb_peer(q: str, data: Path, env: dict, tmp: Path) -> Peer:
+def duckdb_peer(q: str, data: Path, env: dict, tmp: Path, timeout: float) -> Peer:
     out = tmp / f"duckdb-{q}-{uuid.uuid4().hex[:6]}.parquet"
     cmd = [sys.executable, str(HERE / "nexmark_sql.py"), "duckdb", "--query", q, "--data", str(data), "--out", str(out)]
-    m = run_measured(cmd, env, tmp, [])
+    try:
+        m = run_measured(cmd, env, tmp, [], timeout=timeout)
+    except SystemExit as e:
+        return Peer(failed=failure(e))
     info = m.last_json()
     return Peer(m.wall, m.cpu, info, rows(pq.read_table(out), QUERIES[q]["columns"]))
 
@@ -306,14 +322,21 @@ def run_case(cfg: Config, args, srv: Servers, sampler) -> Case:
         log(f"{cfg.label}, {q}:")
         t_q, before = time.time(), uptime()
         for w in c.wire.values():
-            wire_query(w, q, tmp)
+            try:
+                wire_query(w, q, tmp)
+            except SystemExit as e:  # recorded (the run exits 1), and the run goes on
+                w.failed[q] = failure(e)
+                c.problems.append(f"{q} Wire ({w.pairing}) failed: {w.failed[q]}")
+                log(f"  wire ({w.pairing}) {q} FAILED: {w.failed[q]}")
         if "spark" in args.sides:
             for pairing in args.pairings:
-                p = c.spark[(pairing, q)] = spark_peer(q, data, args.master, peers_env, tmp, warm=pairing == "warm")
-                log(f"  spark ({pairing}): " + (f"{p.wall:.1f} s" if p.wall is not None else f"refused: {p.refused}"))
+                p = c.spark[(pairing, q)] = spark_peer(
+                    q, data, args.master, peers_env, tmp, pairing == "warm", args.peer_timeout
+                )
+                log(f"  spark ({pairing}): {peer_line(p)}")
         if "duckdb" in args.sides:
-            d = c.duck[q] = duckdb_peer(q, data, peers_env, tmp)
-            log(f"  duckdb: {d.wall:.1f} s, {len(d.result or []):,} rows")
+            d = c.duck[q] = duckdb_peer(q, data, peers_env, tmp, args.peer_timeout)
+            log(f"  duckdb: {peer_line(d)}")
         c.load[q] = (sampler.mean(t_q, time.time()), before, uptime())
         compare(c, q, args)
     for w in c.wire.values():
@@ -321,6 +344,14 @@ def run_case(cfg: Config, args, srv: Servers, sampler) -> Case:
             w.shell.close()
         c.problems += wire_counts(w, man, tmp)
     return c
+
+
+def peer_line(p: Peer) -> str:
+    if p.failed:
+        return f"FAILED: {p.failed}"
+    if p.refused:
+        return f"refused: {p.refused}"
+    return f"{f1(p.wall)} s, {len(p.result or []):,} rows"
 
 
 def compare(c: Case, q: str, args) -> None:
@@ -332,7 +363,7 @@ def compare(c: Case, q: str, args) -> None:
     sentinel_floor = c.man["sentinel_ms"] - 86_400_000 // 2
     for pairing in args.pairings:
         w = c.wire.get(pairing)
-        if w is not None:
+        if w is not None and q in w.results:
             d = row_diff(w.results[q], ref.result)
             c.equal[(pairing, q, "Wire")] = d
             c.problems += [f"{q} Wire ({pairing}) vs DuckDB: {x}" for x in d]
@@ -443,17 +474,18 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
             w = c.wire.get(pairing)
             for q in args.queries:
                 meta = QUERIES[q]
-                ws = (w.ingest_s(meta["streams"]) + sum(w.stages[s].wall for s in meta["stages"])) if w else None
+                ok = w if w is not None and q not in w.failed else None  # the side, unless the query failed on it
+                ws = (ok.ingest_s(meta["streams"]) + sum(ok.stages[s].wall for s in meta["stages"])) if ok else None
                 sp = c.spark.get((pairing, q))
                 ss = sp.wall if sp else None
                 d = c.duck.get(q)
                 ds = d.wall if d else None
-                wc = (w.ingest_cpu(meta["streams"]) + sum(w.stages[s].cpu for s in meta["stages"])) if w else None
+                wc = (ok.ingest_cpu(meta["streams"]) + sum(ok.stages[s].cpu for s in meta["stages"])) if ok else None
                 sc = sp.cpu if sp else None
                 dc = d.cpu if d else None
-                if w:
-                    tot_w += sum(w.stages[s].wall for s in meta["stages"])
-                    cpu_w += sum(w.stages[s].cpu for s in meta["stages"])
+                if ok:
+                    tot_w += sum(ok.stages[s].wall for s in meta["stages"])
+                    cpu_w += sum(ok.stages[s].cpu for s in meta["stages"])
                 tot_s = tot_s + ss if (tot_s is not None and ss is not None) else None
                 cpu_s = cpu_s + sc if (cpu_s is not None and sc is not None) else None
                 tot_d += ds or 0
@@ -471,9 +503,9 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
                     [
                         q,
                         f"{len(d.result or []):,}" if d else "-",
-                        f1(ws),
-                        f1(ss) if not (sp and sp.refused) else "refused",
-                        f1(ds),
+                        "failed" if w is not None and ok is None else f1(ws),
+                        "failed" if sp and sp.failed else "refused" if sp and sp.refused else f1(ss),
+                        "failed" if d and d.failed else f1(ds),
                         ratio(ws, ss),
                         ratio(ws, ds),
                         per_core(ev, ws),
@@ -486,7 +518,7 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
                         f1(load),
                     ]
                 )
-            if w and len(args.queries) > 1:
+            if w and not w.failed and len(args.queries) > 1:
                 streams = sorted({s for q in args.queries for s in QUERIES[q]["streams"]})
                 tot_w += w.ingest_s(streams)
                 cpu_w += w.ingest_cpu(streams)
@@ -510,6 +542,16 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
                     ]
                 )
             out.append(md_table(head, body, "lrrrrrrrrrrrrll"))
+            out.append("")
+        failed = [f"- {q} Wire ({p}): `{why}`" for p, w in c.wire.items() for q, why in w.failed.items()]
+        failed += [f"- {q} Spark SS ({p}): `{s.failed}`" for (p, q), s in c.spark.items() if s.failed]
+        failed += [f"- {q} DuckDB: `{d.failed}`" for q, d in c.duck.items() if d.failed]
+        if failed:
+            out.append(
+                "**Where a side failed** (out of memory, or still running after --peer-timeout "
+                f"{args.peer_timeout:.0f} s; its cause's first line): its cells say failed\n"
+            )
+            out += failed
             out.append("")
         refused = {(p, q): s.refused for (p, q), s in c.spark.items() if s.refused}
         if refused:
@@ -600,6 +642,13 @@ def main() -> int:
     ap.add_argument("--name", default="", help="suffix of the report's file name")
     ap.add_argument(
         "--graph", action="store_true", help="one `wire tick --upstream` of each query's last stage (one process)"
+    )
+    ap.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=CMD_TIMEOUT,
+        metavar="S",
+        help="stop a Spark SS or DuckDB run after S seconds and record it as failed (default: %(default)s)",
     )
     ap.add_argument(
         "--wire-warm",

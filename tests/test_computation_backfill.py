@@ -30,6 +30,12 @@ late firings of partition p1 (minutes 5-9) while its filtered rows are not final
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,15 +43,27 @@ import pytest
 import yaml
 
 from conftest import run_wire
-from test_computations import _derived_origin, reference
-from wire_dagster import computestage, engine
+from test_computations import (
+    COMPS,
+    ZOO,
+    _committed,
+    _derived_origin,
+    _events,
+    _modules,
+    _pipeline,
+    _positions,
+    _sorted,
+    reference,
+)
+from wire_dagster import computestage, engine, streams
 from wire_dagster.backfill import backfill
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.computation import load_class
 from wire_dagster.computestage import CARRIED_SCHEMA, RECORD_SCHEMA, Loaded, run_bucket
 from wire_dagster.deliveries import Sync
 from wire_dagster.errors import WireInputError
-from wire_dagster.spec import ComputationSpec
+from wire_dagster.manifest import sha256
+from wire_dagster.spec import ComputationSpec, load_pipeline, stream_spec
 from wire_dagster.timeutil import INF, NEG_INF
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -389,3 +407,191 @@ def test_a_set_aside_upstream_row_is_counted_once_per_version(tmp_path: Path) ->
 
 def _rest(sync: Sync) -> dict:
     return {"lateness": sync.lateness, "partitioning": sync.partitioning}
+
+
+# ---------------------------------------------------------------------------
+# The replay in jobs of bounded size (memory a job's, not the timeline's): many small Spark jobs,
+# the state handed from one to the next through a scratch object in the store, commit the bytes
+# one job does. The jobs are counted by the replay's own `progress(epochs done, epochs)`, called
+# once before the first job and once after each.
+#
+#   timeline   e1 e2 e3 e4 e5 e6 e7 e8 e9          one job:  [e1 .......... e9]
+#   bound 1    [] [] [] [] [] [] [] [] []          bound 80: [e1 e2][e3 e4] ... (2 batches of 40)
+
+
+def replayed(store, spec, spark, parts: list[int]) -> tuple[dict[tuple[str, int], bytes], int]:
+    """`recompute`'s content as Parquet bytes per (output, partition), and the Spark jobs it ran."""
+    from wire_dagster.parquetio import parquet_bytes
+
+    calls: list[tuple[int, int]] = []
+    contents = computestage.recompute(store, spec, spark, parts, lambda done, total: calls.append((done, total)))
+    done = [d for d, _ in calls]
+    assert done[0] == 0 and done == sorted(set(done)) and calls[-1][0] == calls[-1][1], calls
+    out = {(w, p): parquet_bytes(t) for w, ps in contents.items() for p, t in ps.items() if t is not None}
+    return out, len(calls) - 1
+
+
+def committed_bytes(store, spec) -> dict[tuple[str, int], str]:
+    """(output, partition) -> the sha256 of its committed file."""
+    m = Checkpoints(store, spec.name).latest()
+    assert m is not None
+    return {(w, int(p)): ref.sha256 for w, ps in m.outputs.items() for p, ref in ps.items()}
+
+
+def scratch_keys(store, name: str) -> list[str]:
+    """A backfill's scratch objects (computestage._scratch_prefix)."""
+    return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/backfill-state/" in o.key]
+
+
+def in_one_job(monkeypatch) -> None:
+    monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_ROWS", raising=False)
+    monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "1000")
+
+
+def in_small_jobs(monkeypatch, rows: int) -> None:
+    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_ROWS", str(rows))
+    monkeypatch.delenv("WIRE_EPOCHS_PER_JOB", raising=False)
+
+
+def test_a_backfill_over_a_raw_stream_in_small_jobs_commits_the_bytes_of_one_job(
+    store, spark, cli_env, spark_remote, tmp_path: Path, monkeypatch
+) -> None:
+    """Quiet, spikes and the timer zoo (tests/test_computations.py) over 8 batches of 40 clicks,
+    an epoch each, then the close. A replay in one job, in a job per epoch (bound: 1 row), in
+    jobs of two epochs (bound: 80 rows) and in a job per epoch by key bucket rebuild the
+    committed bytes; a `wire backfill` killed between two jobs leaves its scratch object, which
+    neither the next backfill (new code, small jobs: exactly what a fresh replay of the new code
+    commits, and the reference executor's records) nor a tick trips over, and garbage collection
+    deletes."""
+    mods = _modules(tmp_path / "m")
+    spec = load_pipeline(_pipeline(mods, name="rb_users"))
+    events = _events(random.Random(7), 320)
+    level = stream_spec("clicks", "ts", "event_id", spec)
+    for i in range(0, len(events), 40):
+        f = tmp_path / f"b{i}.jsonl"
+        f.write_text("".join(json.dumps(e) + "\n" for e in events[i : i + 40]))
+        streams.produce(store, level, f)
+        assert computestage.process(store, spec, spark, max_epochs=1).committed
+    streams.close_stream(store, "clicks")
+    while computestage.process(store, spec, spark, max_epochs=5).committed:
+        pass
+    cp = Checkpoints(store, spec.name)
+    m1 = cp.latest()
+    assert m1 is not None and m1.watermark == INF
+    steps = cp.timeline(m1.epoch)
+    assert len(steps) >= 9, "an epoch a batch, then the close"
+
+    def want() -> list[tuple]:  # the reference executor over every click at once (none is late)
+        pos = _positions(store, spec)
+        clicks = [{"t": e["ts"], "key": e["user_id"], "pos": pos[e["event_id"]], "rec": e} for e in events]
+        return _sorted(r for c in COMPS for r in reference(load_class(c.code, str(mods), c.code), c, clicks)[0])
+
+    assert _committed(store, spec) == want() and _committed(store, spec)
+    parts = sorted({p for _, p in committed_bytes(store, spec)})
+    before = bucket_snapshot(store)
+    in_one_job(monkeypatch)
+    one, jobs = replayed(store, spec, spark, parts)
+    assert jobs == 1
+    assert {k: sha256(b) for k, b in one.items()} == committed_bytes(store, spec)
+    in_small_jobs(monkeypatch, 1)
+    small, jobs = replayed(store, spec, spark, parts)
+    assert small == one and jobs == len(steps), "a job per epoch"
+    in_small_jobs(monkeypatch, 80)
+    pairs, jobs = replayed(store, spec, spark, parts)
+    assert pairs == one and 1 < jobs < len(steps), jobs
+    monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", "0")  # each epoch by key bucket: the state handed by the driver
+    bucketed, jobs = replayed(store, spec, spark, parts)
+    monkeypatch.delenv("WIRE_SINGLE_TASK_ROWS")
+    assert bucketed == one and jobs == len(steps), jobs
+    assert bucket_snapshot(store) == before, "a replay leaves nothing behind"
+
+    # a `wire backfill` killed (its process group) while held before its third job
+    env = dict(cli_env, WIRE_PIPELINES=str(mods), DAGSTER_HOME=str(tmp_path / "dagster-home"))
+    env.update(WIRE_COMPUTATION_EPOCH_ROWS="1", WIRE_PAUSE="before-spark:3", WIRE_PAUSE_DIR=str(tmp_path))
+    env.pop("WIRE_SPARK_REMOTE", None)
+    env["WIRE_SPARK_MASTER"] = "local[2]"
+    if spark_remote:
+        env["WIRE_SPARK_REMOTE"] = spark_remote
+    wire = str(Path(sys.executable).parent / "wire")
+    held = tmp_path / "before-spark.paused"
+    log = tmp_path / "killed-backfill.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [wire, "backfill", "--pipeline", spec.name], env=env, start_new_session=True, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not held.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling for the pause file, a condition, until a deadline
+        assert held.exists(), f"exit {proc.poll()}: {log.read_text()[-3000:]}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = scratch_keys(store, spec.name)
+    assert len(left) == 1 and left[0].endswith(f"after-{steps[1].epoch}.parquet"), left
+    assert cp.latest() == m1
+
+    # the next backfill, new code (the zoo no longer echoes), in a job per epoch
+    (mods / "zoo.py").write_text(ZOO.replace('ctx.produce({"echo": record["v"]}, "zoo", time=ctx.time + 1)', "pass"))
+    spec = load_pipeline(mods / "rb_users.yaml")
+    in_small_jobs(monkeypatch, 1)
+    m2 = backfill(store, spec, spark, parts)
+    assert m2 is not None and m2.kind == "backfill" and set(m2.changed) == {"zoo"}
+    assert scratch_keys(store, spec.name) == left, "its own scratch deleted, the dead one's untouched"
+    in_one_job(monkeypatch)
+    fresh, jobs = replayed(store, spec, spark, parts)
+    assert jobs == 1 and {k: sha256(b) for k, b in fresh.items()} == committed_bytes(store, spec)
+    got = _committed(store, spec)
+    assert got == want() and not any('"echo"' in r[4] for r in got)
+
+    # a tick: nothing to do, no failure; garbage collection deletes the dead backfill's scratch
+    assert not computestage.process(store, spec, spark, max_epochs=1).committed
+    cp.gc(keep=50, grace_s=0)
+    assert scratch_keys(store, spec.name) == [] and cp.latest() == m2 and not cp.verify(m2)
+
+
+def test_a_backfill_over_a_derived_stream_in_small_jobs_commits_the_bytes_of_one_job(
+    store, spark, tmp_path: Path, monkeypatch
+) -> None:
+    """`cb_busy`'s timeline above (an epoch per upstream commit, two late firings: the memory of
+    the rows not final yet is handed from job to job with the state). A job per epoch (bound: 1
+    row; a derived epoch's rows are those of the upstream partition files it reads) rebuilds the
+    committed bytes of one job; with the new threshold its backfill commits what a replay in one
+    job of the new code gives, the reference executor's records."""
+    pdir = tmp_path / "pipelines"
+    pdir.mkdir()
+    (pdir / "cb_up.yaml").write_text(yaml.safe_dump(UP))
+    (pdir / "cb_busy.yaml").write_text(yaml.safe_dump(stage("cb_busy", "busy")))
+    (pdir / "busy.py").write_text(BUSY.format(threshold=3))
+    up, busy = (load_pipeline(pdir / f"{n}.yaml") for n in ("cb_up", "cb_busy"))
+    rounds = batches()
+    for i, batch in enumerate(rounds):
+        f = tmp_path / f"b{i}.jsonl"
+        f.write_text("".join(json.dumps(c) + "\n" for c in batch))
+        assert streams.produce(store, up, f).events == len(batch)
+        tick(store, spark, up, busy)
+    streams.close_stream(store, up)
+    tick(store, spark, up, busy)
+    cp = Checkpoints(store, "cb_busy")
+    m1 = cp.latest()
+    assert m1 is not None and m1.watermark == INF
+    steps = cp.timeline(m1.epoch)
+    seen, _ = deliveries(rounds)
+    old = expected(pdir, "busy", seen)
+    assert len(steps) == 6 and committed(store, busy) == old
+
+    parts = [T0, T0 + 5 * M, T0 + 10 * M]
+    in_one_job(monkeypatch)
+    one, jobs = replayed(store, busy, spark, parts)
+    assert jobs == 1 and {k: sha256(b) for k, b in one.items()} == committed_bytes(store, busy)
+    in_small_jobs(monkeypatch, 1)
+    small, jobs = replayed(store, busy, spark, parts)
+    assert small == one and jobs == len(steps), jobs
+
+    (pdir / "busy.py").write_text(BUSY.format(threshold=2))
+    m2 = backfill(store, busy, spark, parts)
+    assert m2 is not None and m2.changed == {"busy": parts[:2]} and scratch_keys(store, "cb_busy") == []
+    in_one_job(monkeypatch)
+    fresh, jobs = replayed(store, busy, spark, parts)
+    assert jobs == 1 and {k: sha256(b) for k, b in fresh.items()} == committed_bytes(store, busy)
+    assert committed(store, busy) == expected(pdir, "busy", seen) != old

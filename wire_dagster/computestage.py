@@ -52,11 +52,13 @@ errors, produced records, state keys) and its output watermark; a carried file h
 counters per event-time partition since the first epoch (`partition_counters`, the Dagster
 metadata).
 
-A backfill (`recompute`) replays the recorded timeline through the current code from no state,
-in one Spark task: over a raw stream the recorded epochs' chunks and watermarks; over a derived
-stream the recorded upstream epochs each epoch synced to (`replayed_epochs`), each epoch planned
-by `derived.plan_at` as a live epoch and a rewind's replay are. So it needs every upstream epoch
-the timeline read: one that garbage collection deleted upstream fails it with one line.
+A backfill (`recompute`) replays the recorded timeline through the current code from no state:
+over a raw stream the recorded epochs' chunks and watermarks; over a derived stream the recorded
+upstream epochs each epoch synced to (`replayed_epochs`), each epoch planned by `derived.plan_at`
+as a live epoch and a rewind's replay are. So it needs every upstream epoch the timeline read:
+one that garbage collection deleted upstream fails it with one line. Its epochs run in Spark jobs
+of at most `settings.epoch_rows` input rows, as a live backlog's, the state handed from one job
+to the next through a scratch object in the store: its memory is a job's, not the timeline's.
 """
 
 from __future__ import annotations
@@ -639,6 +641,7 @@ class EpochOut:
     stats: pa.Table
     n: dict[str, int]
     pstats: pa.Table  # PSTATS_SCHEMA: the epoch's counters per computation and partition
+    handed: int = 0  # a backfill's job (`compute`'s `carry_to`): rows of the state written there
 
 
 def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
@@ -665,7 +668,27 @@ def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
     if dead.num_rows > 1:
         order = ["segment", "chunk", "row", "window", "reason", "event_time", "event"]
         dead = dead.sort_by([(c, "ascending") for c in order])
-    return EpochOut(cat("produced", PRODUCED_SCHEMA), carried, dead, stats, totals, cat("pstats", PSTATS_SCHEMA))
+    handed = sum(r for t in tables.get(("handed", ""), []) for r in t["rows"].to_pylist())
+    return EpochOut(
+        cat("produced", PRODUCED_SCHEMA), carried, dead, stats, totals, cat("pstats", PSTATS_SCHEMA), handed
+    )
+
+
+def _handed_over(out: dict[tuple[str, str], pa.Table], last: bool, carry_to: str, cfg) -> dict:
+    """What a backfill's task hands the driver of an epoch (`compute`'s `carry_to`): its produced
+    records only (the backfill keeps nothing else). After the job's last epoch the task writes the
+    carried state to `carry_to` itself (when there is any; with Content-MD5, as every PUT) — the
+    next job's task reads it there (`_Source.carried`), the driver never holds it — and hands
+    back its row count."""
+    from .objectstore import ObjectStore
+
+    kept = {("produced", ""): out[("produced", "")]}
+    if last:
+        carried = out[("carried", "")]
+        if carried.num_rows:
+            ObjectStore(cfg).put(carry_to, parquet_bytes(carried))
+        kept[("handed", "")] = pa.table({"rows": pa.array([carried.num_rows], pa.int64())})
+    return kept
 
 
 def compute(
@@ -678,11 +701,16 @@ def compute(
     epochs: list[tuple[list[ChunkMeta], int, int]],
     single_task: bool | None = None,
     sync: list[tuple[Sync, list[tuple[str, str, int, int, int]]]] | None = None,
+    carry_to: str | None = None,
 ) -> list[EpochOut]:
     """One Spark job: every epoch of `epochs` (chunks, W before, W after) in one task, carrying
     the state in memory, when they fit one worker; else the one epoch by key bucket. `sync`: per
     epoch of a derived input, its Sync and the upstream files it reads, as chunk keys with
-    format UPSTREAM (`epochs`' chunks are then empty); one task unless `single_task` is False."""
+    format UPSTREAM (`epochs`' chunks then only size jobs: `replayed_epochs`); one task unless
+    `single_task` is False. `carry_to` (a backfill's job, `recompute`): each epoch hands back
+    only its produced records, and the state after the job's last epoch is written to that key
+    (by the task itself; by the driver after a job by key bucket, which gathers it anyway), its
+    rows in the last EpochOut's `handed`."""
     from .bucketkernel import PACKED_DDL, pack, unpack
 
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
@@ -694,6 +722,7 @@ def compute(
     pause("before-spark")
     if single_task:
         windows = [(w_prev, w_new) for _, w_prev, w_new in epochs]
+        cfg = store.cfg if carry_to is not None else None
 
         def task(batches):
             from .kernel import _fs
@@ -706,6 +735,8 @@ def compute(
             for i, (w_prev, w_new) in enumerate(windows):
                 out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new, hows[i])
                 carried = out[("carried", "")]
+                if carry_to is not None:
+                    out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)
                 yield from pack(out, epoch=i).to_batches()
 
         packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
@@ -713,7 +744,11 @@ def compute(
     assert len(epochs) == 1, "a job of several epochs runs as one task"
     (_, w_prev, w_new) = epochs[0]
     packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, hows[0]).toArrow()
-    return [_gather(unpack(packed)[0])]
+    res = _gather(unpack(packed)[0])
+    if carry_to is not None and res.carried.num_rows:
+        store.put(carry_to, parquet_bytes(res.carried))
+        res.handed = res.carried.num_rows
+    return [res]
 
 
 def _bucketed(
@@ -961,9 +996,18 @@ def recompute(
     through the computations with the current code, from no state: what `backfill.backfill`
     compares with the committed content. Over a raw stream the timeline is the recorded epochs'
     chunks and watermarks (backfill.py's); over a derived stream, the recorded upstream epochs
-    each epoch synced to (`replayed_epochs`, as a rewind's replay). The epochs run in one Spark
-    task, the per-key state (and a derived input's memory) carried in its memory from each epoch
-    to the next."""
+    each epoch synced to (`replayed_epochs`, as a rewind's replay).
+
+    Memory is bounded by a job, not by the timeline: the epochs run in Spark jobs grouped by the
+    live backlog's rule (`reclock.job_length`: at most `settings.epoch_rows` input rows a job,
+    whole epochs, at least one; a derived epoch's rows are those of the upstream files it reads),
+    each job computed as a live one (`compute`: one task carrying the state in memory from epoch
+    to epoch, or one big epoch by key bucket). Between jobs the per-key state (and a derived
+    input's memory) goes through the store, as between live jobs: the job's task writes it to a
+    scratch object (`_scratch_prefix`) that the next job's task reads, and the driver only ever
+    gets each job's produced records, of which it keeps the wanted partitions'. The scratch
+    objects are deleted as soon as read and at the end; `progress(epochs done, epochs)` after
+    each job."""
     from .sparksession import started_session
 
     loaded = load(spec)
@@ -989,22 +1033,63 @@ def recompute(
             offsets, w_prev = st.remap, st.watermark
     if not epochs:
         return contents
-    results = compute(store, spec, started_session(spark), loaded, None, 0, epochs, True, syncs)
+    spark = started_session(spark)
+    wanted, kept = set(partitions_), {}  # kept: (output, partition) -> its records, job by job
+    scratch = _scratch_prefix(cp)
+    carried_key, carried_rows, done = None, 0, 0
     if progress:
-        progress(len(epochs), len(epochs))
-    wanted = set(partitions_)
-    for res in results:
-        prod = res.produced
-        if not prod.num_rows:
-            continue
-        pstart = partitions.starts(spec, prod["window_end"])
-        for w in spec.windows:
-            is_w = pc.equal(prod["output"], w.name)  # pyright: ignore[reportAttributeAccessIssue]
-            for p in sorted(wanted & set(pstart.to_pylist())):
-                rows = prod.filter(pc.and_(is_w, pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
-                if rows.num_rows:
-                    contents[w.name][p] = merge_output(contents[w.name][p], rows)
+        progress(0, len(epochs))
+    try:
+        while done < len(epochs):
+            ahead = [c for c, _, _ in epochs[done : done + settings.epochs_per_job()]]
+            job = slice(done, done + reclock.job_length(ahead, carried_rows, settings.epoch_rows(spec)))
+            handed_to = f"{scratch}after-{steps[job.stop - 1].epoch}.parquet"
+            job_syncs = syncs[job] if syncs is not None else None
+            results = compute(
+                store, spec, spark, loaded, carried_key, carried_rows, epochs[job], None, job_syncs, handed_to
+            )
+            for res in results:
+                _keep_wanted(spec, res.produced, wanted, kept)
+            if carried_key is not None:
+                store.delete(carried_key)
+            carried_rows = results[-1].handed
+            carried_key = handed_to if carried_rows else None
+            done = job.stop
+            if progress:
+                progress(done, len(epochs))
+    finally:
+        try:
+            store.delete_many(o.key for o in store.list(scratch))
+        except ObjectStoreError:  # the store is down: garbage collection deletes them (_scratch_prefix)
+            pass
+    for (w, p), tables in kept.items():
+        contents[w][p] = merge_output(None, pa.concat_tables(tables))
     return contents
+
+
+def _scratch_prefix(cp: Checkpoints) -> str:
+    """Where a backfill's replay hands the state from one job to the next: the staging of a run
+    of its own that never commits (`pipelines/<p>/staging/<run-id>/backfill-state/`). Nothing
+    else reads a staging it did not write (a new backfill uses a new run id), so a scratch object
+    left by a killed backfill is inert, and garbage collection (`Checkpoints.gc`, run after every
+    tick that commits, and by `wire gc`) deletes it as the staging of a run that never committed
+    once it is older than the grace period."""
+    return cp.staging_prefix(new_run_id()) + "backfill-state/"
+
+
+def _keep_wanted(spec: Pipeline, prod: pa.Table, wanted: set[int], kept: dict[tuple[str, int], list[pa.Table]]) -> None:
+    """Add to `kept` ((output, partition) -> tables, in the order produced) an epoch's produced
+    records of the partitions in `wanted`; the others are dropped as they come."""
+    if not prod.num_rows:
+        return
+    pstart = partitions.starts(spec, prod["window_end"])
+    touched = sorted(wanted & set(pstart.to_pylist()))
+    for w in spec.windows:
+        is_w = pc.equal(prod["output"], w.name)  # pyright: ignore[reportAttributeAccessIssue]
+        for p in touched:
+            rows = prod.filter(pc.and_(is_w, pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
+            if rows.num_rows:
+                kept.setdefault((w.name, p), []).append(rows)
 
 
 def replayed_epochs(
@@ -1013,7 +1098,8 @@ def replayed_epochs(
     """A derived input's recorded timeline (`steps`: each epoch's remap `{input: upstream epoch}`)
     as `compute`'s epochs and syncs, from no state: each epoch planned by `derived.plan_at`, the
     rule of a live epoch and of a rewind's replay, after the epoch before it in the timeline. One
-    line when an upstream epoch the timeline read was garbage-collected upstream."""
+    line when an upstream epoch the timeline read was garbage-collected upstream. An epoch's
+    chunks are the upstream files its sync reads (`_upstream_chunks`): what sizes a job."""
     from .derived import plan_at
 
     ups = synced_upstreams(spec)
@@ -1031,11 +1117,22 @@ def replayed_epochs(
                     f"(keep more upstream: dagster.keep_epochs of {u.spec.name!r}, or WIRE_KEEP_EPOCHS)"
                 )
         plan = plan_at(store, spec, ups, targets, before, w_prev, st.epoch)
-        syncs.append(_sync_of(ups, plan, before))
-        epochs.append(([], plan.w_prev, plan.w_new))
+        sync = _sync_of(ups, plan, before)
+        syncs.append(sync)
+        epochs.append((_upstream_chunks(plan, sync[1]), plan.w_prev, plan.w_new))
         before = {name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()}
         w_prev = plan.w_new
     return epochs, syncs
+
+
+def _upstream_chunks(plan, files: list[tuple[str, str, int, int, int]]) -> list[ChunkMeta]:
+    """The upstream partition files a derived epoch reads (`_sync_of`'s, as chunk keys) as chunks
+    with their rows (the upstream manifest's): what `reclock.job_length` sizes a job by."""
+    out = []
+    for key, name, p, ingest, fmt in files:
+        ref = plan.refs[name][str(p)]
+        out.append(ChunkMeta(name, name, p, key, None, ref.rows, 0, None, None, ingest, ref.bytes, fmt))
+    return out
 
 
 def merge_output(old: pa.Table | None, new: pa.Table) -> pa.Table:

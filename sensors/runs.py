@@ -269,7 +269,12 @@ class Signals:
     middle of a database write: a signal is remembered, and raised (KeyboardInterrupt) at once
     only inside `waiting()` (a sleep, a lock), else at the next `check()`. A wake-up fd sees the
     signals Dagster's own handler swallows while it executes a run. Leaving the block with the
-    interrupt raises `Interrupted`, one line naming the signal and what was being done (`doing`)."""
+    interrupt raises `Interrupted`, one line naming the signal and what was being done (`doing`).
+
+    `Signals.last` is the last signal a block received, for a process that runs many commands
+    (`wire shell`): the handlers it had are back after the block, and the signal was this one's."""
+
+    last: int | None = None
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -301,6 +306,8 @@ class Signals:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.pending():  # before the wake-up fd closes: a signal Dagster's handler swallowed too
+            Signals.last = self.received
         for what, old in reversed(self._saved):
             if what == "fd":
                 signal.set_wakeup_fd(old)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -75,10 +76,13 @@ class Shell:
             seen.append(line.rstrip("\n"))
         raise AssertionError(f"the shell ended (exit {self.proc.wait()}) without a status line; stderr: {seen}")
 
-    def send(self, line: str) -> tuple[int, list[str]]:
+    def write(self, line: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def send(self, line: str) -> tuple[int, list[str]]:
+        self.write(line)
         return self.until_status()
 
     def close(self, timeout: float = 120) -> tuple[int, str]:
@@ -177,3 +181,78 @@ def test_a_command_cannot_leave_verbose_on_for_the_next(
     assert os.environ.get("WIRE_DEBUG") is None
     lines = [ln for ln in err.getvalue().splitlines() if STATUS.match(ln)]
     assert len(lines) == 2, err.getvalue()  # blank and comment lines are not commands
+
+
+def test_sigterm_stops_the_running_tick_and_ends_the_shell(store, cli_env, spark_remote, tmp_path: Path) -> None:
+    """A tick held before its commit marker (WIRE_PAUSE), the next command already written: SIGTERM
+    to the shell stops the tick as it stops a `wire tick` (one line, its run failed, nothing
+    committed) and ends the shell (143) within seconds, without running the next command."""
+    from commit_scenario import subprocess_env, wait_for
+    from test_tick_signals import NAME, STOP_S, closed_stream
+    from wire_dagster.checkpoint import Checkpoints
+
+    spec, pdir = closed_stream(store, tmp_path)
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    env = subprocess_env(
+        cli_env,
+        spark_remote,
+        WIRE_PIPELINES=str(pdir),
+        DAGSTER_HOME=str(tmp_path / "dagster-home"),
+        WIRE_PAUSE="before-marker",
+        WIRE_PAUSE_DIR=str(pause),
+        WIRE_PAUSE_TIMEOUT="300",
+    )
+    sh = Shell([], env)
+    try:
+        sh.write(f"tick -p {NAME}")
+        sh.write(f"close -p {NAME}  # never run: the shell ends first")
+        wait_for(lambda: (pause / "before-marker.paused").exists(), 300, sh.proc, "the tick reached its commit")
+        os.kill(sh.proc.pid, signal.SIGTERM)
+        code = sh.proc.wait(timeout=STOP_S)
+        assert sh.proc.stderr is not None
+        err = [ln for ln in sh.proc.stderr.read().splitlines() if ln.strip()]
+    finally:
+        sh.kill()
+    assert code == 143, err
+    assert err[0].startswith(f"error: Interrupted: interrupted by SIGTERM during {NAME}:e1:"), err
+    assert [ln for ln in err if STATUS.match(ln)] == [err[1]] and err[1].startswith("wire: exit 1 in "), err
+    assert err[-1] == "wire: shell ended by SIGTERM", err
+    assert Checkpoints(store, spec.name).latest() is None  # prepared, never committed
+
+
+@pytest.mark.parametrize(
+    ("interactive", "sig", "want", "goes_on"),
+    [
+        (False, "SIGTERM", 143, False),
+        (False, "SIGINT", 130, False),
+        (True, "SIGTERM", 143, False),
+        (True, "SIGINT", 130, True),
+    ],
+)
+def test_a_signal_during_a_command_ends_the_shell_unless_ctrl_c_on_a_terminal(
+    interactive: bool, sig: str, want: int, goes_on: bool
+) -> None:
+    """In-process, a real signal to this process while a command runs: it stops the command
+    (KeyboardInterrupt, exit 130); SIGTERM then ends the shell, and so does SIGINT from a pipe,
+    while Ctrl-C on a terminal lets the shell go on to the next command."""
+    import io
+
+    from wire_dagster import shell
+
+    ran: list[str] = []
+
+    def main(argv: list[str]) -> int:
+        ran.append(argv[0])
+        if argv[0] == "first":
+            os.kill(os.getpid(), getattr(signal, sig))
+            time.sleep(30)  # interrupted long before
+        return 0
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    err = io.StringIO()
+    code = shell.run(main, ["first\n", "second\n"], err, stops=shell.Stops(interactive))
+    assert code == want, err.getvalue()
+    assert ran == (["first", "second"] if goes_on else ["first"]), err.getvalue()  # 130: the failed command's
+    assert "wire: exit 130 in " in err.getvalue()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers put back

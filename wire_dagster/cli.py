@@ -840,7 +840,8 @@ def shell(
     the next, as a warm Spark session does: a command costs its own work, not a process start (~2 s
     per `wire tick`). Each command ends with `wire: exit <code> in <s> s` on stderr; `-v` holds for
     its own command. On a terminal, a `wire> ` prompt; the shell ends at the end of input or on
-    `exit`, with the last failed command's exit code."""
+    `exit`, with the last failed command's exit code. SIGTERM stops the running command and ends
+    the shell (143); so does Ctrl-C, unless on a terminal (it stops the command, the shell goes on)."""
     from . import shell as sh
 
     def warm_up() -> None:
@@ -857,8 +858,16 @@ def shell(
         ensure_dagster_home()
         dg.DagsterInstance.get().dispose()  # its storage's modules imported, its schema checked
 
+    def taken() -> int | None:  # the signal a tick took (it handles SIGINT/SIGTERM itself), once
+        from sensors.runs import Signals
+
+        signum, Signals.last = Signals.last, None
+        return signum
+
     prompt = sys.stdin.isatty()
-    code = sh.run(main, sh.lines(sys.stdin, prompt, sys.stderr), sys.stderr, warm_up if warm else None)
+    stops = sh.Stops(interactive=prompt, taken=taken)
+    inputs = sh.lines(sys.stdin, prompt, sys.stderr, stops)
+    code = sh.run(main, inputs, sys.stderr, warm_up if warm else None, stops)
     if code:
         raise typer.Exit(code)
 

@@ -17,13 +17,21 @@ What a command changes is undone before the next one: `-v` (WIRE_DEBUG) holds fo
 command only, and an error is its one line (-v: its trace) whatever the command, so one bad
 command never ends the shell. The shell ends at the end of its input or on `exit`; its exit
 code is the last failed command's (0 if none failed).
+
+Signals, as a shell treats them: SIGTERM stops the running command as it stops on its own (a
+tick within seconds, between database writes: sensors.runs.Signals) and ends the shell, exit
+143, running nothing after it. SIGINT (Ctrl-C) on a terminal stops the running command, or
+clears the line being typed, and the shell goes on; with commands from a pipe or a file it ends
+the shell as SIGTERM does (130).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -46,9 +54,10 @@ def parse(line: str) -> list[str] | None:
     return argv or None
 
 
-def lines(stream: TextIO, prompt: bool, err: TextIO) -> Iterator[str]:
+def lines(stream: TextIO, prompt: bool, err: TextIO, stops: Stops | None = None) -> Iterator[str]:
     """The input's lines; on a terminal, each after the prompt. Ctrl-C at the prompt clears the
-    line being typed, as a shell does; Ctrl-D ends the input."""
+    line being typed, as a shell does; Ctrl-D ends the input; a signal that ends the shell
+    (`stops`) is raised (KeyboardInterrupt) to `run`."""
     while True:
         if prompt:
             err.write(PROMPT)
@@ -56,7 +65,7 @@ def lines(stream: TextIO, prompt: bool, err: TextIO) -> Iterator[str]:
         try:
             line = stream.readline()
         except KeyboardInterrupt:
-            if not prompt:
+            if not prompt or (stops is not None and stops.signum is not None):
                 raise
             err.write("\n")
             continue
@@ -67,15 +76,66 @@ def lines(stream: TextIO, prompt: bool, err: TextIO) -> Iterator[str]:
         yield line
 
 
+class Stops:
+    """The signals that end the shell (module doc): while installed, SIGTERM (and SIGINT unless
+    `interactive`) is remembered and stops the running command (KeyboardInterrupt). A command
+    that handles signals itself (a tick) puts these handlers back when it ends and reports the
+    signal it took through `taken` (sensors.runs.Signals.last)."""
+
+    def __init__(self, interactive: bool, taken: Callable[[], int | None] = lambda: None) -> None:
+        self.interactive, self.taken = interactive, taken
+        self.signum: int | None = None
+        self._saved: list = []
+
+    def _handler(self, signum, _frame) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> Stops:
+        if threading.current_thread() is threading.main_thread():
+            sigs = [signal.SIGTERM] + ([] if self.interactive else [signal.SIGINT])
+            self._saved = [(s, signal.signal(s, self._handler)) for s in sigs]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in reversed(self._saved):
+            signal.signal(s, old)
+        self._saved = []
+
+    def after_command(self) -> int | None:
+        """The exit code that ends the shell after the command just run (128 + the signal), or None."""
+        taken, self.signum = self.signum or self.taken(), None
+        if taken == signal.SIGTERM or (taken is not None and not self.interactive):
+            return 128 + taken
+        return None
+
+
 def run(
     main: Callable[[list[str]], int],
     inputs: Iterable[str],
     err: TextIO,
     setup: Callable[[], None] | None = None,
+    stops: Stops | None = None,
 ) -> int:
     """Run each input line through `main` (the CLI's, which returns an exit code and prints its
-    own one-line error); returns the last failed command's exit code, or 0. `setup` runs first
-    (`wire shell --warm`: Spark and the definitions): its failure is the shell's one line and exit 1."""
+    own one-line error); returns the last failed command's exit code, or 0, or 128 + the signal
+    that ended the shell (`stops`, module doc). `setup` runs first (`wire shell --warm`: Spark
+    and the definitions): its failure is the shell's one line and exit 1."""
+    stops = stops or Stops(interactive=True)
+    with stops:
+        try:
+            return _run(main, inputs, err, setup, stops)
+        except KeyboardInterrupt:  # between commands (or in `setup`): a signal that ends the shell
+            return _ended(err, stops.after_command() or 128 + signal.SIGINT)
+
+
+def _ended(err: TextIO, code: int) -> int:
+    err.write(f"wire: shell ended by {signal.Signals(code - 128).name}\n")
+    err.flush()
+    return code
+
+
+def _run(main, inputs: Iterable[str], err: TextIO, setup, stops: Stops) -> int:
     if setup is not None:
         started = time.perf_counter()
         try:
@@ -103,6 +163,9 @@ def run(
             continue
         code, seconds = command(main, argv, err)
         failed = _status(err, code, seconds) or failed
+        ended = stops.after_command()
+        if ended is not None:
+            return _ended(err, ended)
     return failed
 
 

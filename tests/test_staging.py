@@ -1,4 +1,4 @@
-"""The engine's staging threads: one set per process (each keeps its DuckDB connection), results
+"""The staging threads (checkpoint.staged): one set per process (each keeps its DuckDB connection), results
 in order, and an error leaves nothing of the call still running."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from wire_dagster import engine
+from wire_dagster import checkpoint
 from wire_dagster.duck import duckdb_connection
 
 
@@ -19,13 +19,13 @@ def test_results_in_order_on_the_same_threads_and_connections_every_call():
 
     seen_threads, seen_cons = set(), set()
     for _ in range(5):  # five epochs
-        with engine._staged(work, list(range(12))) as results:
+        with checkpoint.staged(work, list(range(12))) as results:
             out = list(results)
         assert [i for i, _, _ in out] == list(range(12))
         seen_threads |= {t for _, t, _ in out}
         seen_cons |= {c for _, _, c in out}
     assert all(t.startswith("wire-staging") for t in seen_threads)
-    assert len(seen_threads) <= engine.STAGING_THREADS
+    assert len(seen_threads) <= checkpoint.STAGING_THREADS
     assert len(seen_cons) == len(seen_threads)  # one connection per thread, opened once
 
 
@@ -44,7 +44,7 @@ def test_an_error_cancels_what_has_not_started_and_waits_for_what_has():
         return i
 
     with pytest.raises(ValueError, match="item 1"):
-        with engine._staged(work, list(range(40))) as results:
+        with checkpoint.staged(work, list(range(40))) as results:
             for _ in results:
                 pass
     # Everything that started has finished by now; nothing starts afterwards.

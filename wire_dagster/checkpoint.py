@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 
 from pydantic import ValidationError
 
@@ -38,6 +41,32 @@ from .manifest import FileRef, Manifest, Marker, Step, sha256
 from .objectstore import ObjectStore, ObjInfo
 from .spec import check_name
 from .timeutil import now_ms
+
+STAGING_THREADS = 4  # files staged side by side (object-store round trips, Parquet, merges)
+_STAGING_POOL: ThreadPoolExecutor | None = None
+_STAGING_LOCK = threading.Lock()
+
+
+@contextmanager
+def staged(fn: Callable, items: list) -> Iterator[Iterator]:
+    """`fn` over `items` on the process's staging threads, results in order: an epoch's files
+    (partitions, state) staged side by side, since reads, merges, Parquet encoding and uploads
+    release the GIL; the same manifest as one after the other. The threads live as long as the
+    process, and with them each one's DuckDB connection (~12 ms to open: a pool per epoch opened
+    2 x 23 of them for a 10 M backlog). On leaving, the items not started are cancelled and the
+    started ones waited for, as a pool of one's own would on shutdown."""
+    global _STAGING_POOL
+    with _STAGING_LOCK:
+        if _STAGING_POOL is None:
+            _STAGING_POOL = ThreadPoolExecutor(max_workers=STAGING_THREADS, thread_name_prefix="wire-staging")
+    futures = [_STAGING_POOL.submit(fn, x) for x in items]
+    try:
+        yield (f.result() for f in futures)
+    finally:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+
 
 PUBLISH_THREADS = 8  # partitions published side by side (each a few round trips to the store)
 

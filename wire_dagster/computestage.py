@@ -72,7 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import partitions, reclock, settings
-from .checkpoint import Checkpoints, new_run_id
+from .checkpoint import Checkpoints, new_run_id, staged
 from .computation import Computation, Item, KeyState, load_class, run_key
 from .deliveries import ASIDE, MEMORY, Sync, new_aside, not_final, sync_changes
 from .errors import ObjectNotFound, ObjectStoreError, WireError, WireInputError
@@ -1161,23 +1161,27 @@ def _commit(
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
     prod = res.produced
-    first = True
+    touched = []  # (output, partition, the output's records of the epoch, their partitions, its committed file)
     for w in spec.windows:
         outputs.setdefault(w.name, {})
         mine = prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
-        if not mine.num_rows:
-            continue
-        pstart = partitions.starts(spec, mine["window_end"])
-        for p in sorted(pc.unique(pstart).to_pylist()):  # pyright: ignore[reportAttributeAccessIssue]
-            rows = mine.filter(pc.equal(pstart, p))  # pyright: ignore[reportAttributeAccessIssue]
-            prior = outputs[w.name].get(str(p))
-            content = merge_output(read_file(store, prior), rows)
-            ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
-            if first:
+        if mine.num_rows:
+            pstart = partitions.starts(spec, mine["window_end"])
+            for p in sorted(pc.unique(pstart).to_pylist()):  # pyright: ignore[reportAttributeAccessIssue]
+                touched.append((w.name, p, mine, pstart, outputs[w.name].get(str(p))))
+
+    def stage_partition(job) -> tuple[str, int, FileRef]:
+        """A touched partition's new content (its committed records and the epoch's), staged."""
+        name, p, mine, pstart, prior = job
+        content = merge_output(read_file(store, prior), mine.filter(pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
+        return name, p, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
+
+    with staged(stage_partition, touched) as done:  # side by side; in order, so the same manifest
+        for i, (name, p, ref) in enumerate(done):
+            if i == 0:
                 fault("mid-staging")
-                first = False
-            outputs[w.name][str(p)] = ref
-            changed[w.name].append(p)
+            outputs[name][str(p)] = ref
+            changed[name].append(p)
     for w in spec.windows:
         changed[w.name] = sorted(set(changed[w.name]) | set(head.ready))
     fault("after-staging")

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import partitions, settings
-from .checkpoint import Checkpoints, new_run_id
+from .checkpoint import Checkpoints, new_run_id, staged
 from .content import apply_changes
 from .errors import ObjectNotFound, WireInputError
 from .faults import fault
@@ -631,6 +631,7 @@ def _commit(
     fault("before-staging")
     outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {}
+    jobs = []  # (window, partition, the epoch's rows of the window, the partition's committed file)
     for w in spec.windows:
         outputs.setdefault(w.name, {})
         new = rows_by.get(w.name)
@@ -638,27 +639,36 @@ def _commit(
         if new is not None and new.num_rows:
             touched |= set(partitions.starts(spec, new["window_end"]).to_pylist())
         touched |= {p for p in touched_partitions(spec, plan) if str(p) in outputs[w.name]}
-        for p in sorted(touched):
-            prior = outputs[w.name].get(str(p))
-            old = read_file(store, prior)
-            mine = _in_partition(spec, new, p)
-            gone = _retracted(plan, old, mine) if old is not None else None
-            change = (
-                pa.concat_tables([t for t in (mine, gone) if t is not None and t.num_rows])
-                if ((mine is not None and mine.num_rows) or (gone is not None and gone.num_rows))
-                else None
-            )
-            if change is None:
+        jobs += [(w.name, p, new, outputs[w.name].get(str(p))) for p in sorted(touched)]
+
+    def stage_partition(job) -> tuple[str, int, FileRef | None, FileRef | None]:
+        """A touched partition's new content staged (its committed rows, the epoch's, the rows
+        the epoch retracts), or None when the epoch changes none of its rows."""
+        name, p, new, prior = job
+        old = read_file(store, prior)
+        mine = _in_partition(spec, new, p)
+        gone = _retracted(plan, old, mine) if old is not None else None
+        parts = [t for t in (mine, gone) if t is not None and t.num_rows]
+        if not parts:
+            return name, p, prior, None
+        content = apply_changes(old, pa.concat_tables(parts))
+        return (
+            name,
+            p,
+            prior,
+            cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(content), content.num_rows, plan.epoch),
+        )
+
+    with staged(stage_partition, jobs) as done:  # side by side; in order, so the same manifest
+        for name, p, prior, ref in done:
+            if ref is None:
                 continue
-            content = apply_changes(old, change)
-            ref = cp.stage(run_id, f"out/{w.name}/{p}.parquet", parquet_bytes(content), content.num_rows, plan.epoch)
             fault("mid-staging")
             if prior is None or prior.sha256 != ref.sha256:
-                outputs[w.name][str(p)] = ref
-                changed.setdefault(w.name, []).append(p)
-        ready = became_ready(spec, plan, ups)
-        if ready:
-            changed[w.name] = sorted(set(changed.get(w.name, [])) | set(ready))
+                outputs[name][str(p)] = ref
+                changed.setdefault(name, []).append(p)
+    ready = set(became_ready(spec, plan, ups))  # changed too, even if empty; windows in order
+    changed = {w.name: sorted(set(changed.get(w.name, [])) | ready) for w in spec.windows if ready or w.name in changed}
     fault("after-staging")
     counts = Counts(events_in=n, counted={w.name: n for w in spec.windows}, late={w.name: 0 for w in spec.windows})
     manifest = Manifest(

@@ -14,10 +14,8 @@ next job computes.
 from __future__ import annotations
 
 import io
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -25,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import partitions, reclock, settings
-from .checkpoint import Checkpoints, new_run_id
+from .checkpoint import Checkpoints, new_run_id, staged
 from .content import apply_changes
 from .errors import ObjectStoreError, WireError
 from .faults import fault, pause
@@ -41,7 +39,6 @@ from .streams import ChunkMeta, check_stream, read_inputs
 from .timeutil import NEG_INF, now_ms
 
 ROW_ID = ["key", "window_start", "window_end"]
-STAGING_THREADS = 4  # partitions staged side by side (object-store round trips, Parquet, merges)
 
 
 def _stored(store: ObjectStore, ref: FileRef | None) -> Stored | None:
@@ -160,29 +157,6 @@ class _Carry:
         return sum(r.rows for r in self.state.values()) + (self.ids.rows if self.ids else 0)
 
 
-_STAGING_POOL: ThreadPoolExecutor | None = None
-_STAGING_LOCK = threading.Lock()
-
-
-@contextmanager
-def _staged(fn, items: list) -> Iterator[Iterator]:
-    """`fn` over `items` on the process's staging threads, results in order. The threads live as
-    long as the process, and with them each one's DuckDB connection (~12 ms to open: a pool per
-    epoch opened 2 x 23 of them for a 10 M backlog). On leaving, the items not started are
-    cancelled and the started ones waited for, as a pool of one's own would on shutdown."""
-    global _STAGING_POOL
-    with _STAGING_LOCK:
-        if _STAGING_POOL is None:
-            _STAGING_POOL = ThreadPoolExecutor(max_workers=STAGING_THREADS, thread_name_prefix="wire-staging")
-    futures = [_STAGING_POOL.submit(fn, x) for x in items]
-    try:
-        yield (f.result() for f in futures)
-    finally:
-        for f in futures:
-            f.cancel()
-        wait(futures)
-
-
 def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> _Carry:
     """Stage a computed epoch's window state and id memory (state side by side)."""
 
@@ -191,7 +165,7 @@ def _stage_carry(cp: Checkpoints, run_id: str, epoch: int, res: EpochResult) -> 
         return cp.stage(run_id, f"state/{name}.parquet", parquet_bytes(t), t.num_rows, epoch)
 
     st_refs = {}
-    with _staged(stage_state, list(res.windows)) as refs:
+    with staged(stage_state, list(res.windows)) as refs:
         for name, ref in zip(res.windows, refs, strict=True):
             st_refs[name] = ref
             fault("during-state-snapshot")
@@ -290,8 +264,8 @@ def _commit_epoch(
 
     # Partitions (and state files) are staged side by side: reads, merges, Parquet encoding and
     # uploads release the GIL. Results are taken in order, so the manifest is the same.
-    with _staged(stage_partition, touched) as staged:
-        for i, (name, p, prior, ref) in enumerate(staged):
+    with staged(stage_partition, touched) as done:
+        for i, (name, p, prior, ref) in enumerate(done):
             if i == 0:
                 fault("mid-staging")
             if prior is None or prior.sha256 != ref.sha256:

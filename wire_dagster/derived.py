@@ -416,6 +416,7 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
 
     aggregating = spec.model_copy(update={"windows": tuple(w for w in spec.windows if w.type != "join")})
     joins = [w for w in spec.windows if w.type == "join"]
+    joins_only = bool(joins) and not aggregating.windows  # a raw input's records need no event columns
 
     def task(batches):
         for b in batches:  # the driving rows: block numbers
@@ -430,6 +431,17 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         for name, p, key in block.reads:
             t = _read_key(fs, bucket, key, None, [])
             chunk = None
+            if name in passed and joins_only:
+                # Records the generated pipeline accepted with this input's checks, key and filter
+                # (expand.py): each is an event as it is, at its time, under its key; only their
+                # columns are needed, not a second reading of every line (extract.py).
+                owned += t.num_rows if key in block.owns else 0
+                time = pc.subtract(t["window_end"], 1)  # pyright: ignore[reportAttributeAccessIssue]
+                fields = _record_fields(t["record"]).append_column(WINDOW_TIME, time)
+                records.setdefault(name, []).append(
+                    fields.append_column(JOIN_KEY, t["key"]).append_column(JOIN_T, time)
+                )
+                continue
             if name in passed:  # a raw input's records, as the raw stream holds them
                 t, chunk = passed_records(t)
             else:

@@ -213,6 +213,26 @@ def log(msg: str) -> None:
 # Running one measured command
 
 
+def tree_cpu(roots: list) -> float:
+    """User + system seconds so far of the processes `roots` (psutil) and their descendants,
+    the children they reaped included."""
+    import psutil
+
+    total = 0.0
+    for root in roots:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 class ProcTree(TreeRss):
     """TreeRss over a child process and its descendants (Spark's JVM, its Python workers); the
     servers' (the S3 server's and, in Wire's server mode, the Spark server's) RSS is sampled beside
@@ -235,22 +255,7 @@ class ProcTree(TreeRss):
         self._servers_cpu0 = self._servers_cpu_now()
 
     def _servers_cpu_now(self) -> float:
-        """User + system seconds of the servers and their descendants so far (children they reaped included)."""
-        import psutil
-
-        total = 0.0
-        for server in self._servers:
-            try:
-                procs = [server, *server.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in procs:
-                try:
-                    t = proc.cpu_times()
-                except psutil.Error:
-                    continue
-                total += t.user + t.system + t.children_user + t.children_system
-        return total
+        return tree_cpu(self._servers)
 
     def servers_cpu(self) -> float:
         """The servers' CPU seconds since this tree was created: the work they did for the command."""
@@ -431,18 +436,10 @@ class WireShell:
     def _tree_cpu(self) -> float:
         import psutil
 
-        total = 0.0
         try:
-            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            return tree_cpu([psutil.Process(self.proc.pid)])
         except psutil.Error:
-            return total
-        for p in procs:
-            try:
-                t = p.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
+            return 0.0
 
     def run(self, args: list[str]) -> Measured:
         assert self.proc.stdin is not None

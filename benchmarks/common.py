@@ -496,15 +496,17 @@ def spark_server(directory: Path, master: str, wanted: bool, notes: list[str]):
     if not wanted:
         yield "", None
         return
+    from wire_dagster.sparkconf import env_value
     from wire_dagster.sparkserver import EmbeddedSpark
 
     t0 = time.perf_counter()
     server = EmbeddedSpark(directory)
+    heap = env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g"  # what the server is started with
     try:
         url = server.start(master=master)
         notes.append(
-            f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, 2 GB driver) started before the timed "
-            f"commands, like the S3 server, in {time.perf_counter() - t0:.1f} s"
+            f"Wire's Spark server (`wire spark start`: Spark Connect, {master}, {heap} driver heap) started before "
+            f"the timed commands, like the S3 server, in {time.perf_counter() - t0:.1f} s"
         )
         log(notes[-1])
         info = server.recorded()

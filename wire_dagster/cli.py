@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
-from .errors import WireInputError
+from .errors import WireInputError, one_line
 
 
 class _PlainHelp:
@@ -1001,8 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
             if message := format_message():
                 err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
             return 2 if exit_code == 2 else 1
-        msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        err.print(f"error: {e.__class__.__name__}: {msg}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"error: {one_line(e)}", markup=False, highlight=False, soft_wrap=True)
         if os.environ.get("WIRE_DEBUG"):
             raise
         return 1

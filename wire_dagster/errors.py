@@ -51,3 +51,10 @@ class CorruptManifest(WireError):
 
 class InjectedFault(WireError):
     """Raised only in tests' fault-injection path (never in production)."""
+
+
+def one_line(e: BaseException) -> str:
+    """An unexpected error as the one line a command prints for it: its class, then the first
+    line of its message (the class again when it has none). `wire` and `wire shell` both."""
+    msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+    return f"{e.__class__.__name__}: {msg}"

@@ -37,6 +37,8 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import TextIO
 
+from .errors import one_line
+
 #: A command the shell refuses to run inside itself, each with the reason.
 REFUSED = {
     "shell": "a shell is already running",
@@ -141,7 +143,7 @@ def _run(main, inputs: Iterable[str], err: TextIO, setup, stops: Stops) -> int:
         try:
             setup()
         except Exception as e:
-            err.write(f"error: {_one_line(e)}\n")
+            err.write(f"error: {one_line(e)}\n")
             return 1
         err.write(f"wire: ready in {time.perf_counter() - started:.2f} s\n")
         err.flush()
@@ -184,7 +186,7 @@ def command(main: Callable[[list[str]], int], argv: list[str], err: TextIO) -> t
         if os.environ.get("WIRE_DEBUG"):
             traceback.print_exc(file=err)
         else:
-            err.write(f"error: {_one_line(e)}\n")
+            err.write(f"error: {one_line(e)}\n")
         code = 1 if not isinstance(e, SystemExit) or not isinstance(e.code, int) else e.code
     finally:
         if saved is None:
@@ -199,8 +201,3 @@ def _status(err: TextIO, code: int, seconds: float) -> int:
     err.write(f"wire: exit {code} in {seconds:.2f} s\n")
     err.flush()
     return code
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{e.__class__.__name__}: {text.splitlines()[0]}" if text else e.__class__.__name__

@@ -64,7 +64,7 @@ to the next through a scratch object in the store: its memory is a job's, not th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1080,16 +1080,28 @@ def _scratch_prefix(cp: Checkpoints) -> str:
 def _keep_wanted(spec: Pipeline, prod: pa.Table, wanted: set[int], kept: dict[tuple[str, int], list[pa.Table]]) -> None:
     """Add to `kept` ((output, partition) -> tables, in the order produced) an epoch's produced
     records of the partitions in `wanted`; the others are dropped as they come."""
+    for name, p, rows in by_output_partition(spec, prod, only=wanted):
+        kept.setdefault((name, p), []).append(rows)
+
+
+def by_output_partition(
+    spec: Pipeline, prod: pa.Table, only: set[int] | None = None
+) -> Iterator[tuple[str, int, pa.Table]]:
+    """An epoch's produced records split by (output, output partition) — outputs in the
+    pipeline's order, partitions ascending, those in `only` if given — each part's rows in the
+    order produced: the one split of the live commit and of a backfill's replay. A filter per
+    part: measured on 920,000 records over 60 partitions, 0.22 s, where one stable sort and
+    slices took 0.42 s (gathering the strings in sorted order costs more than 60 scans)."""
     if not prod.num_rows:
         return
-    pstart = partitions.starts(spec, prod["window_end"])
-    touched = sorted(wanted & set(pstart.to_pylist()))
     for w in spec.windows:
-        is_w = pc.equal(prod["output"], w.name)  # pyright: ignore[reportAttributeAccessIssue]
-        for p in touched:
-            rows = prod.filter(pc.and_(is_w, pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
-            if rows.num_rows:
-                kept.setdefault((w.name, p), []).append(rows)
+        mine = prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
+        if not mine.num_rows:
+            continue
+        pstart = partitions.starts(spec, mine["window_end"])
+        parts = set(pc.unique(pstart).to_pylist())  # pyright: ignore[reportAttributeAccessIssue]
+        for p in sorted(parts if only is None else parts & only):
+            yield w.name, p, mine.filter(pc.equal(pstart, p))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def replayed_epochs(
@@ -1160,20 +1172,15 @@ def _commit(
     fault("before-staging")
     outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
-    prod = res.produced
-    touched = []  # (output, partition, the output's records of the epoch, their partitions, its committed file)
     for w in spec.windows:
         outputs.setdefault(w.name, {})
-        mine = prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
-        if mine.num_rows:
-            pstart = partitions.starts(spec, mine["window_end"])
-            for p in sorted(pc.unique(pstart).to_pylist()):  # pyright: ignore[reportAttributeAccessIssue]
-                touched.append((w.name, p, mine, pstart, outputs[w.name].get(str(p))))
+    # (output, partition, the epoch's records of it, its committed file)
+    touched = [(name, p, rows, outputs[name].get(str(p))) for name, p, rows in by_output_partition(spec, res.produced)]
 
     def stage_partition(job) -> tuple[str, int, FileRef]:
         """A touched partition's new content (its committed records and the epoch's), staged."""
-        name, p, mine, pstart, prior = job
-        content = merge_output(read_file(store, prior), mine.filter(pc.equal(pstart, p)))  # pyright: ignore[reportAttributeAccessIssue]
+        name, p, rows, prior = job
+        content = merge_output(read_file(store, prior), rows)
         return name, p, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
 
     with staged(stage_partition, touched) as done:  # side by side; in order, so the same manifest

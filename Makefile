@@ -66,6 +66,8 @@ test-long: setup chromium postgresql lint
 	WIRE_FAULT_MARKER_OUTAGE=45 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)
 
 # The real NEXMark q5, q7, q8, q11 (BENCHMARKS.md); the first-stage comparison is benchmarks/compare.py.
+# --graph: each query's stages in one `wire tick --upstream`, as BENCHMARKS.md's latest figures.
+NEXMARK_ARGS ?= --graph
 bench: setup
 	$(BIN)/python benchmarks/produce.py
 	$(BIN)/python benchmarks/kernel.py

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 import reference
+from cli_setup import local_spark, pipeline_env
 from conftest import run_wire
 from wire_dagster import engine, events, ingest, kernel, results, streams
 from wire_dagster.aggregates import NOT_FINITE, OUT_OF_RANGE
@@ -34,7 +34,7 @@ from wire_dagster.bucketkernel import event_errors
 from wire_dagster.extract import read_chunk
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.parquetio import parquet_bytes
-from wire_dagster.spec import Pipeline, field_column, load_pipeline, pipeline_from_dict
+from wire_dagster.spec import Pipeline, field_column, pipeline_from_dict
 from wire_dagster.status import pipeline_status
 from wire_dagster.timeutil import INF, NEG_INF, now_ms
 
@@ -415,16 +415,7 @@ def test_wire_produce_and_tick_keep_committing_past_bad_values(store, cli_env, s
     by the kernel — in the first tick by key buckets, in the second by the single task, on the
     session's Spark Connect server when there is one; every `wire tick` exits 0 without a
     traceback and commits, and the good records beside the bad ones are counted."""
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / "badvals.yaml").write_text(yaml.safe_dump(PIPE))
-    spec = load_pipeline(pdir / "badvals.yaml")
-    env = dict(
-        cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(tmp_path / "dagster-home"), WIRE_SPARK_MASTER="local[2]"
-    )
-    env.pop("WIRE_SPARK_REMOTE", None)
-    if spark_remote:
-        env["WIRE_SPARK_REMOTE"] = spark_remote
+    (spec,), env, _, _ = pipeline_env(tmp_path, local_spark(cli_env, spark_remote), PIPE)
 
     first = [{"ts": T0 + 5_000 * i, "user": f"u{i % 2}", "eid": f"a{i}", "amount": i + 0.25} for i in range(8)]
     bad = [

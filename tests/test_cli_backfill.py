@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import yaml
 
+from cli_setup import local_spark, pipeline_env
 from conftest import run_wire
 from reference import assert_same_rows, batch_of_clicks
 from wire_dagster.timeutil import parse_iso
@@ -210,16 +211,8 @@ def test_backfill_reproduces_then_commits_a_code_change(store, cli_env, spark_re
     from wire_dagster.spec import load_pipeline
     from wire_dagster.streams import close_stream, produce
 
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
+    (spec,), env, pdir, home = pipeline_env(tmp_path, local_spark(cli_env, spark_remote), PIPELINE)
     pfile = pdir / f"{NAME}.yaml"
-    pfile.write_text(yaml.safe_dump(PIPELINE))
-    spec = load_pipeline(pfile)
-    home = tmp_path / "dagster-home"
-    env = dict(cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(home), WIRE_SPARK_MASTER="local[2]")
-    env.pop("WIRE_SPARK_REMOTE", None)
-    if spark_remote:
-        env["WIRE_SPARK_REMOTE"] = spark_remote
     cp = Checkpoints(store, spec.name)
 
     events = make_events()

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from cli_setup import local_spark, pipeline_env
 from conftest import run_wire
 from reference import assert_same_rows, batch_of_clicks
 from test_cli_inputs import CLICKS, _assert_one_line_error, _keys, _run_in_process
@@ -38,14 +39,11 @@ from wire_dagster.spec import load_pipeline
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _tick_env(cli_env: dict[str, str], spark_remote: str | None, pipelines: Path, home: Path) -> dict[str, str]:
-    """`wire tick`'s environment: a private DAGSTER_HOME; runs attach to the session's Spark Connect
-    server when there is one, else boot local[2] (as tests/test_cli_tick.py)."""
-    env = dict(cli_env, WIRE_PIPELINES=str(pipelines), DAGSTER_HOME=str(home), WIRE_SPARK_MASTER="local[2]")
-    env.pop("WIRE_SPARK_REMOTE", None)
+def _tick_env(cli_env: dict[str, str], spark_remote: str | None) -> dict[str, str]:
+    """`wire tick`'s base environment: runs attach to the session's Spark Connect server when there
+    is one, else boot local[2] (as tests/test_cli_tick.py); no inherited WIRE_KEEP_EPOCHS."""
+    env = local_spark(cli_env, spark_remote)
     env.pop("WIRE_KEEP_EPOCHS", None)
-    if spark_remote:
-        env["WIRE_SPARK_REMOTE"] = spark_remote
     return env
 
 
@@ -77,9 +75,7 @@ def test_tick_and_backfill_take_a_pipeline_file_outside_wire_pipelines(
     spec = load_pipeline(path)
     # WIRE_PIPELINES holds another pipeline of the same name with other windows: the path is what counts.
     decoy = dict(TICKY, windows=[dict(TICKY["windows"][0], name="decoy_only")])
-    pdir = tmp_path / "pipelines"
-    _write(pdir / "ticky.yaml", decoy)
-    env = _tick_env(cli_env, spark_remote, pdir, tmp_path / "dagster-home")
+    env = pipeline_env(tmp_path, _tick_env(cli_env, spark_remote), decoy).env
 
     events = make_events()
     f = _jsonl(tmp_path / "events.jsonl", events)
@@ -302,17 +298,17 @@ def test_wire_keep_epochs_wins_over_the_pipeline_files_keep_epochs(
     t0 = 1_767_225_600_000
     events = [{"user": f"u{i % 2}", "ts": t0 + i * 20_000, "eid": f"e{i}"} for i in range(12)]  # 6 chunks
     f = _jsonl(tmp_path / "events.jsonl", events)
-    pdir = tmp_path / "pipelines"
-    specs = {}
-    for name in ("kept_by_env", "kept_by_file"):
-        path = _write(pdir / f"{name}.yaml", dict(KEEP, name=name, stream=name))
-        specs[name] = load_pipeline(path)
-        assert produce(store, specs[name], f).events == len(events)
-        close_stream(store, specs[name])
+    names = ("kept_by_env", "kept_by_file")
+    kept = [dict(KEEP, name=name, stream=name) for name in names]
+    loaded, env, _, _ = pipeline_env(tmp_path, _tick_env(cli_env, spark_remote), *kept, home=tmp_path / "home-env")
+    specs = dict(zip(names, loaded, strict=True))
+    for spec in specs.values():
+        assert produce(store, spec, f).events == len(events)
+        close_stream(store, spec)
 
     envs = {
-        "kept_by_env": dict(_tick_env(cli_env, spark_remote, pdir, tmp_path / "home-env"), WIRE_KEEP_EPOCHS="2"),
-        "kept_by_file": _tick_env(cli_env, spark_remote, pdir, tmp_path / "home-file"),
+        "kept_by_env": dict(env, WIRE_KEEP_EPOCHS="2"),
+        "kept_by_file": dict(env, DAGSTER_HOME=str(tmp_path / "home-file")),
     }
     with ThreadPoolExecutor(max_workers=2) as pool:
         ticks = {n: pool.submit(run_wire, ["tick", "--pipeline", n], env, 600) for n, env in envs.items()}

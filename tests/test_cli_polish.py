@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_setup import local_spark
 from conftest import run_wire
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.embedded import EmbeddedS3
@@ -262,8 +263,7 @@ def test_read_of_open_sessions_says_why_it_is_empty(cli_env, tmp_path: Path) -> 
             for i, u in enumerate(users)
         )
     )
-    env = env80(dict(cli_env, WIRE_SPARK_MASTER="local[2]"))
-    env.pop("WIRE_SPARK_REMOTE", None)
+    env = env80(local_spark(cli_env))
     run_wire(["produce", "--pipeline", "clicks", "--file", str(f)], env, check=True)
     run_wire(["process", "--pipeline", "clicks"], env, check=True)
     p = run_wire(["read", "--pipeline", "clicks", "--window", "sessions"], env, check=True)

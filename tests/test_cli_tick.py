@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
+from cli_setup import local_spark, pipeline_env
 from conftest import run_wire
 from reference import batch_of_clicks
 
@@ -85,19 +85,10 @@ def test_tick_runs_the_sensor_requests_to_their_commits(store, cli_env, spark_re
     import dagster as dg
 
     from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.spec import load_pipeline
     from wire_dagster.streams import close_stream, produce
 
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / "ticky.yaml").write_text(yaml.safe_dump(PIPELINE))
-    spec = load_pipeline(pdir / "ticky.yaml")
-    home = tmp_path / "dagster-home"
     # The runs attach to the session's Spark Connect server when there is one, else boot local[2].
-    env = dict(cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(home), WIRE_SPARK_MASTER="local[2]")
-    env.pop("WIRE_SPARK_REMOTE", None)
-    if spark_remote:
-        env["WIRE_SPARK_REMOTE"] = spark_remote
+    (spec,), env, _, home = pipeline_env(tmp_path, local_spark(cli_env, spark_remote), PIPELINE)
 
     events = make_events()
     f = tmp_path / "events.jsonl"

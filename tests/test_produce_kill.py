@@ -65,8 +65,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
+from cli_setup import pipeline_env
 from commit_scenario import seeds, subprocess_env, wire, wire_exe
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.events import ID, RAW, REC, ROW
@@ -363,10 +363,7 @@ def check_counts(env: dict[str, str], files: list[InputFile], runs: Runs, why: s
 
 
 def setup(tmp_path: Path, cli_env: dict[str, str], spark_remote: str | None) -> dict[str, str]:
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / f"{NAME}.yaml").write_text(yaml.safe_dump(PIPELINE, sort_keys=False))
-    return subprocess_env(cli_env, spark_remote, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(tmp_path / "dagster"))
+    return pipeline_env(tmp_path, subprocess_env(cli_env, spark_remote), PIPELINE, home=tmp_path / "dagster").env
 
 
 def tick(env: dict[str, str]) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
+from cli_setup import pipeline_env
 from conftest import run_wire
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -62,14 +61,8 @@ def materialized(home: Path, asset: str) -> dict[str, list[int]]:
 
 def test_a_progress_run_commits_without_materializing_an_empty_partition(store, cli_env, tmp_path: Path) -> None:
     from wire_dagster.checkpoint import Checkpoints
-    from wire_dagster.spec import load_pipeline
 
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / "progressy.yaml").write_text(yaml.safe_dump(PIPELINE))
-    spec = load_pipeline(pdir / "progressy.yaml")
-    home = tmp_path / "dagster-home"
-    env = dict(cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(home))
+    (spec,), env, _, home = pipeline_env(tmp_path, cli_env, PIPELINE)
 
     # The data starts at 01:00; W after it is 01:03:28: the newest ready partition is 00:50, empty.
     produce_minutes(store, spec, tmp_path, 60, 64)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
+from cli_setup import local_spark, pipeline_env
 from reference import batch_of_clicks
 from test_cli_tick import PIPELINE, make_events, parse_iso
 
@@ -105,16 +105,8 @@ class Shell:
 
 
 def test_a_shell_ticks_twice_in_one_jvm_and_commits_what_separate_commands_do(store, cli_env, tmp_path: Path) -> None:
-    from wire_dagster.spec import load_pipeline
-
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / "ticky.yaml").write_text(yaml.safe_dump(PIPELINE))
-    spec = load_pipeline(pdir / "ticky.yaml")
-    env = dict(
-        cli_env, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(tmp_path / "dagster-home"), WIRE_SPARK_MASTER="local[2]"
-    )
-    env.pop("WIRE_SPARK_REMOTE", None)  # a local session: its JVM is the shell's child, to be seen
+    # A local session (no spark_remote): its JVM is the shell's child, to be seen.
+    (spec,), env, _, _ = pipeline_env(tmp_path, local_spark(cli_env), PIPELINE)
     events = make_events()
     half = len(events) // 2
     files = [tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "never.jsonl"]

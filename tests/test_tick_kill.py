@@ -36,13 +36,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-import yaml
 
+from cli_setup import pipeline_env
 from commit_scenario import Expected, assert_results, seeds, subprocess_env, wire_exe
 from test_cli_tick import PIPELINE as TICK_PIPELINE
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.devstack import instance_yaml
-from wire_dagster.spec import field_column, load_pipeline
+from wire_dagster.spec import field_column
 from wire_dagster.streams import close_stream, produce
 
 NAME = "tickkill"
@@ -203,18 +203,14 @@ def kill_moment(p: subprocess.Popen, inst, rng: random.Random, duration: float, 
 @pytest.mark.parametrize("seed", seeds())
 def test_tick_killed_at_random_moments_never_blocks(seed: int, store, cli_env, spark_remote, tmp_path: Path) -> None:
     rng = random.Random(seed)
-    pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / f"{NAME}.yaml").write_text(yaml.safe_dump(PIPELINE, sort_keys=False))
-    spec = load_pipeline(pdir / f"{NAME}.yaml")
+    home = new_home(tmp_path)
+    (spec,), env, _, _ = pipeline_env(tmp_path, subprocess_env(cli_env, spark_remote), PIPELINE, home=home)
     events = make_events(rng)
     for s, evs in events.items():
         f = tmp_path / f"{s}.jsonl"
         f.write_text("".join(json.dumps(e) + "\n" for e in evs))
         assert produce(store, spec, f, segment=s).events == len(evs)
     close_stream(store, spec)
-    home = new_home(tmp_path)
-    env = subprocess_env(cli_env, spark_remote, WIRE_PIPELINES=str(pdir), DAGSTER_HOME=str(home))
     with dg.DagsterInstance.from_config(str(home)) as inst:  # the ticks' instance, read between and during ticks
         _kill_ticks(rng, store, spec, events, env, inst)
 

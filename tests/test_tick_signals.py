@@ -23,8 +23,8 @@ from pathlib import Path
 import dagster as dg
 import psutil
 import pytest
-import yaml
 
+from cli_setup import write_pipelines
 from commit_scenario import assert_results, subprocess_env, wait_for, wire_exe
 from sensors import runs as R
 from test_cli_tick import PIPELINE, make_events
@@ -33,7 +33,6 @@ from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.embedded import EmbeddedS3
 from wire_dagster.errors import CommitStateUnknown, WireError, WireInputError
 from wire_dagster.objectstore import ObjectStore
-from wire_dagster.spec import load_pipeline
 from wire_dagster.streams import close_stream, produce
 
 NAME = PIPELINE["name"]
@@ -43,9 +42,7 @@ STOP_S = 10.0  # "within a few seconds", on a loaded 2-core machine
 
 def closed_stream(store: ObjectStore, tmp_path: Path):
     pdir = tmp_path / "pipelines"
-    pdir.mkdir()
-    (pdir / f"{NAME}.yaml").write_text(yaml.safe_dump(PIPELINE))
-    spec = load_pipeline(pdir / f"{NAME}.yaml")
+    (spec,) = write_pipelines(pdir, PIPELINE)
     f = tmp_path / "events.jsonl"
     events = make_events()
     f.write_text("".join(json.dumps(e) + "\n" for e in events))

@@ -23,6 +23,7 @@ from resources import default_resources
 from sensors import build_schedule, build_sensor, job_name
 from wire_dagster.derived import check_graph
 from wire_dagster.errors import WireInputError
+from wire_dagster.heap import settle
 from wire_dagster.spec import Pipeline, load_all
 
 
@@ -96,3 +97,6 @@ def with_user_assets(defs: dg.Definitions, modules: list[str] | None = None) -> 
 
 
 defs = with_user_assets(build_definitions())
+# What a code server, a run worker or a `wire` command has imported and built so far lives as long
+# as the process: out of the garbage collector's walks from here on (wire_dagster/heap.py).
+settle()

@@ -850,6 +850,7 @@ def shell(
         from definitions import build_definitions
 
         from .devstack import ensure_dagster_home
+        from .heap import settle
         from .sparksession import get_spark, warm_workers
 
         warm_workers(get_spark(app="wire-dagster"))
@@ -857,6 +858,7 @@ def shell(
         _store()
         ensure_dagster_home()
         dg.DagsterInstance.get().dispose()  # its storage's modules imported, its schema checked
+        settle(collect=True)  # all of it lives as long as the shell (wire_dagster/heap.py)
 
     def taken() -> int | None:  # the signal a tick took (it handles SIGINT/SIGTERM itself), once
         from sensors.runs import Signals

@@ -31,7 +31,6 @@ WIRE_CRASH_SEEDS=n runs n seeds (other kill moments, other events).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import queue
@@ -51,10 +50,9 @@ from commit_scenario import Expected, assert_committed_sound, assert_results, se
 from reference import RefState, batch
 from test_derived_tick import COMMON, DOWN, UP
 from test_shell import STATUS, Shell
-from test_tick_kill import EVENTS, expected, make_events, new_home
+from test_tick_kill import EVENTS, expected, make_events, new_home, produce_closed
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.spec import field_column
-from wire_dagster.streams import close_stream, produce
 
 KILLS = int(os.environ.get("WIRE_SHELL_KILLS") or 3)
 MODES = ("warm", "cold", "in-run")
@@ -212,11 +210,7 @@ def test_a_shell_killed_mid_tick_never_blocks_a_two_stage_graph(
     )
     assert (up.name, down.name) == PIPELINES
     events = make_events(rng)
-    for s, evs in events.items():
-        f = tmp_path / f"{s}.jsonl"
-        f.write_text("".join(json.dumps(e) + "\n" for e in evs))
-        assert produce(store, up, f, segment=s).events == len(evs)
-    close_stream(store, up)
+    produce_closed(store, up, events, tmp_path)
     with dg.DagsterInstance.from_config(str(home)) as inst:  # the shells' instance, read between and during ticks
         shells: list[PipedShell] = []
         try:

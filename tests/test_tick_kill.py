@@ -200,17 +200,22 @@ def kill_moment(p: subprocess.Popen, inst, rng: random.Random, duration: float, 
         return at
 
 
+def produce_closed(store, spec, events: dict[str, list[dict]], tmp_path: Path) -> None:
+    """Each segment's events appended to the stream from a JSON-lines file, then the stream closed."""
+    for s, evs in events.items():
+        f = tmp_path / f"{s}.jsonl"
+        f.write_text("".join(json.dumps(e) + "\n" for e in evs))
+        assert produce(store, spec, f, segment=s).events == len(evs)
+    close_stream(store, spec)
+
+
 @pytest.mark.parametrize("seed", seeds())
 def test_tick_killed_at_random_moments_never_blocks(seed: int, store, cli_env, spark_remote, tmp_path: Path) -> None:
     rng = random.Random(seed)
     home = new_home(tmp_path)
     (spec,), env, _, _ = pipeline_env(tmp_path, subprocess_env(cli_env, spark_remote), PIPELINE, home=home)
     events = make_events(rng)
-    for s, evs in events.items():
-        f = tmp_path / f"{s}.jsonl"
-        f.write_text("".join(json.dumps(e) + "\n" for e in evs))
-        assert produce(store, spec, f, segment=s).events == len(evs)
-    close_stream(store, spec)
+    produce_closed(store, spec, events, tmp_path)
     with dg.DagsterInstance.from_config(str(home)) as inst:  # the ticks' instance, read between and during ticks
         _kill_ticks(rng, store, spec, events, env, inst)
 

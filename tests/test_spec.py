@@ -212,3 +212,24 @@ def test_bad_pipeline_file_via_cli_exits_2(cli_env: dict[str, str], tmp_path: Pa
     p = run_wire(["status", "--pipeline", str(bad)], cli_env)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("error: windows.clicks_5m_every_1m.slide:"), p.stderr
+
+
+def test_a_rewritten_pipeline_file_is_read_anew(tmp_path: Path) -> None:
+    """Parses are kept per file content (spec._parsed): a file rewritten with other windows — the
+    same size and, written at once, maybe the same mtime — loads as written; a file made invalid
+    is refused even though its earlier content loaded."""
+    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "pipelines" / "clicks.yaml").read_text())
+    path = tmp_path / "clicks.yaml"
+    first = copy.deepcopy(base)
+    first["windows"] = [{"name": "aaaa", "type": "tumbling", "size": "1m", "aggregates": {"n": "count"}}]
+    second = copy.deepcopy(first)
+    second["windows"][0]["name"] = "bbbb"
+    texts = [yaml.safe_dump(first), yaml.safe_dump(second)]
+    assert len(texts[0]) == len(texts[1])
+    for text, name in zip([*texts, texts[0]], ["aaaa", "bbbb", "aaaa"], strict=True):
+        path.write_text(text)
+        assert [w.name for w in load_pipeline(path).windows] == [name]
+        assert [w.name for w in find_pipeline(base["name"], tmp_path).windows] == [name]
+    path.write_text(texts[1].replace("tumbling", "tumbled"))
+    with pytest.raises(WireInputError, match="tumbled"):
+        load_pipeline(path)

@@ -496,12 +496,12 @@ def spark_server(directory: Path, master: str, wanted: bool, notes: list[str]):
     if not wanted:
         yield "", None
         return
-    from wire_dagster.sparkconf import env_value
+    from wire_dagster.sparkconf import driver_memory
     from wire_dagster.sparkserver import EmbeddedSpark
 
     t0 = time.perf_counter()
     server = EmbeddedSpark(directory)
-    heap = env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g"  # what the server is started with
+    heap = driver_memory()  # what the server is started with
     try:
         url = server.start(master=master)
         notes.append(

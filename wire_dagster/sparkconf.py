@@ -34,6 +34,16 @@ def env_value(name: str) -> str | None:
     return v or None
 
 
+#: The driver's heap when nothing names one (WIRE_SPARK_DRIVER_MEMORY).
+DEFAULT_DRIVER_MEMORY = "2g"
+
+
+def driver_memory() -> str:
+    """The driver heap of a Spark Wire starts (a local session, the embedded server):
+    WIRE_SPARK_DRIVER_MEMORY, else DEFAULT_DRIVER_MEMORY."""
+    return env_value("WIRE_SPARK_DRIVER_MEMORY") or DEFAULT_DRIVER_MEMORY
+
+
 def check_master(master: str, what: str = "WIRE_SPARK_MASTER") -> str:
     """`master` if it is a Spark master URL Wire accepts (local, local[*], local[N], spark://…, …),
     else a WireInputError."""

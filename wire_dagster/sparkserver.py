@@ -48,6 +48,7 @@ from .procgroup import (
     port_free,
 )
 from .sparkconf import check_master, driver_host, env_value, java_problem, local_cores, with_java_tmpdir
+from .sparkconf import driver_memory as default_driver_memory
 
 HOST = "127.0.0.1"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -205,7 +206,7 @@ class EmbeddedSpark(GroupOwner):
             "--master" if master else "WIRE_SPARK_MASTER",
         )
         memory = _check_memory(
-            driver_memory or env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g",
+            driver_memory or default_driver_memory(),
             "driver memory" if driver_memory else "WIRE_SPARK_DRIVER_MEMORY",
         )
         for key in conf or {}:

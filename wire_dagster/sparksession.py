@@ -45,7 +45,16 @@ from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from .errors import WireInputError
-from .sparkconf import LOOPBACK, check_master, driver_host, env_value, java_problem, local_cores, with_java_tmpdir
+from .sparkconf import (
+    LOOPBACK,
+    check_master,
+    driver_host,
+    driver_memory,
+    env_value,
+    java_problem,
+    local_cores,
+    with_java_tmpdir,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.connect.session import SparkSession as RemoteSession
@@ -135,7 +144,7 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", env_value("WIRE_SPARK_DRIVER_MEMORY") or "2g")
+        .config("spark.driver.memory", driver_memory())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.log.level", "WARN")
     )

@@ -340,8 +340,11 @@ def _as_records(
 
     ev = pipeline_events(reader, chunk, ingest)
     texts = _record_texts(reader, chunk, canonical)
-    js = texts.take(pc.index_in(ev[ROW], value_set=chunk[ROW].combine_chunks()))  # pyright: ignore[reportAttributeAccessIssue]
-    if not every_text:
+    rows = chunk[ROW].combine_chunks()
+    if not ev[ROW].equals(pa.chunked_array([rows])):  # the events in other order than the chunk's rows
+        texts = texts.take(pc.index_in(ev[ROW], value_set=rows))  # pyright: ignore[reportAttributeAccessIssue]
+    js = texts
+    if not every_text and ev[ERR].null_count < ev.num_rows:  # a dead letter's text is not kept
         js = pc.if_else(pc.is_null(ev[ERR]), js, pa.scalar(None, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
     ev = ev.append_column(SEG, pa.repeat(pa.scalar(seg, pa.string()), ev.num_rows))
     ev = ev.append_column(SEQ, pa.repeat(pa.scalar(seq, pa.int64()), ev.num_rows))
@@ -1095,7 +1098,7 @@ def by_output_partition(
     if not prod.num_rows:
         return
     for w in spec.windows:
-        mine = prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
+        mine = prod if len(spec.windows) == 1 else prod.filter(pc.equal(prod["output"], w.name))  # pyright: ignore[reportAttributeAccessIssue]
         if not mine.num_rows:
             continue
         pstart = partitions.starts(spec, mine["window_end"])

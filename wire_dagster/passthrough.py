@@ -78,7 +78,8 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     bad = events.filter(pc.and_(pc.is_valid(err), pc.invert(filtered)))  # pyright: ignore[reportAttributeAccessIssue]
     n["filtered"] = pc.sum(filtered).as_py() or 0  # pyright: ignore[reportAttributeAccessIssue]
     n["malformed"] = bad.num_rows
-    good = events.filter(pc.is_null(err))  # pyright: ignore[reportAttributeAccessIssue]
+    # usually every record is good: then no copy of their texts (0.3 s for 920,000 bids)
+    good = events if err.null_count == events.num_rows else events.filter(pc.is_null(err))  # pyright: ignore[reportAttributeAccessIssue]
 
     # what the keys carry: records waiting for W (the pass-through keeps no state nor timers), ids
     buf: dict[str, list] = {c: [] for c in ("t", "k", "seg", "seq", "row", "j", "oid")}
@@ -97,7 +98,11 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
                 mem["expires"].append(exp)
     n_before = len(buf["t"])
     # the texts stay in Arrow: DuckDB moves each record's place `ix` in them (good's, then buf's)
-    texts = pa.chunked_array([*good[JSON].cast(pa.string()).chunks, pa.array(buf.pop("j"), pa.string())], pa.string())
+    # one array, not chunks: a take from a chunked array gathers 20x slower (0.36 s against 0.02 s
+    # for 920,000 texts in 20 chunks, indices ascending)
+    texts = pa.chunked_array(
+        [*good[JSON].cast(pa.string()).chunks, pa.array(buf.pop("j"), pa.string())], pa.string()
+    ).combine_chunks()
     buf["ix"] = list(range(good.num_rows, good.num_rows + n_before))
     types = {"t": pa.int64(), "seq": pa.int64(), "row": pa.int64(), "expires": pa.int64(), "ix": pa.int64()}
     con = duckdb.connect(config={"threads": 1})
@@ -121,7 +126,8 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
             SELECT t, k, seg, seq, row, ix, oid FROM fl WHERE NOT dup AND NOT late
             UNION ALL SELECT t, k, seg, seq, row, ix, oid FROM buf""")
         out_rows = con.sql(f"""
-            SELECT k, t, seg, seq, row, ix, oid, t < {w_prev} AS is_late FROM acc WHERE t < {w_new}""").to_arrow_table()
+            SELECT k, t, seg, seq, row, ix, oid, t < {w_prev} AS is_late FROM acc WHERE t < {w_new}
+            ORDER BY ix""").to_arrow_table()  # the texts gathered in order (merge_output sorts the rows)
         waiting = con.sql(f"SELECT * FROM acc WHERE t >= {w_new} ORDER BY k, t, seg, seq, row").to_arrow_table()
         aside = con.sql("SELECT * FROM fl WHERE dup OR late ORDER BY seg, seq, row").to_arrow_table()
         memory = con.sql(f"""

@@ -15,6 +15,8 @@ JVM outlives the kill, as a shared server does), else to the shell's own local S
                          before any run started
                  in-run: up to 0.4 D after the tick's first or second run (up's or down's) started
                a new shell's tick ─▶ exit 0 within max(120 s, 5 C) }   × KILLS (3; WIRE_SHELL_KILLS)
+          ─▶ a new shell held between two staged files of its run (WIRE_PAUSE=mid-staging), kill -9,
+             a new shell's tick as above: its staged files are left for `wire gc`
           ─▶ ticks until the sensors request nothing ─▶ both stages = the reference ─▶ wire gc
 
 Checked after every kill: each run the killed shell left unfinished (up's or down's) is named by
@@ -23,7 +25,8 @@ unfinished and no pool slot stays claimed. At the end: up's results are the plai
 aggregation of the events, down's the batch of its windows over those rows (tests/reference.py;
 DESIGN §2 invariant 5, §6: a composed result equals the composition of the final upstream
 results), conservation balances on both, no run key succeeded twice, and after `wire gc --grace 0`
-every staged object left is one a kept committed manifest names.
+every staged object left is one a kept committed manifest names: the held kill's staged files, no
+manifest's, are there until it and gone after.
 
 WIRE_CRASH_SEEDS=n runs n seeds (other kill moments, other events).
 """
@@ -58,8 +61,8 @@ KILLS = int(os.environ.get("WIRE_SHELL_KILLS") or 3)
 MODES = ("warm", "cold", "in-run")
 #: Up's epochs: two chunks (one per segment) each, enough that every kill (which may commit an
 #: epoch of its own before it dies) and the tick after it find work left.
-CHUNK_ROWS = math.ceil(EVENTS // 2 / (3 * KILLS + 2))
-EPOCHS = math.ceil(EVENTS // 2 / CHUNK_ROWS)  # 11 for 3 kills
+CHUNK_ROWS = math.ceil(EVENTS // 2 / (3 * KILLS + 4))
+EPOCHS = math.ceil(EVENTS // 2 / CHUNK_ROWS)  # 13 for 3 kills
 TICK = f"tick --pipeline {DOWN['name']} --upstream"
 PIPELINES = (UP["name"], DOWN["name"])
 UNFINISHED = ("NOT_STARTED", "STARTING", "STARTED", "CANCELING")
@@ -213,17 +216,31 @@ def test_a_shell_killed_mid_tick_never_blocks_a_two_stage_graph(
     produce_closed(store, up, events, tmp_path)
     with dg.DagsterInstance.from_config(str(home)) as inst:  # the shells' instance, read between and during ticks
         shells: list[PipedShell] = []
+        leftovers: set[str] = set()
+        (tmp_path / "pause").mkdir()
         try:
-            _kill_shells(rng, store, up, down, env, inst, shells)
+            _kill_shells(rng, store, up, down, env, inst, shells, tmp_path / "pause", leftovers)
         finally:
             for sh in shells:
                 sh.kill()
-    _final(store, up, down, events, env)
+    _final(store, up, down, events, env, leftovers)
 
 
-def _kill_shells(rng: random.Random, store, up, down, env: dict[str, str], inst, shells: list[PipedShell]) -> None:
-    def new_shell(args: list[str]) -> PipedShell:
-        shells.append(PipedShell(args, env))
+def _kill_shells(
+    rng: random.Random,
+    store,
+    up,
+    down,
+    env: dict[str, str],
+    inst,
+    shells: list[PipedShell],
+    pause_dir: Path,
+    leftovers: set[str],
+) -> None:
+    """The kills (module doc); `leftovers` gets the staged files the held kill left."""
+
+    def new_shell(args: list[str], with_env: dict[str, str] | None = None) -> PipedShell:
+        shells.append(PipedShell(args, with_env or env))
         return shells[-1]
 
     # C: a new shell's first tick (its start included); D: the same shell's next one. The kill
@@ -239,6 +256,23 @@ def _kill_shells(rng: random.Random, store, up, down, env: dict[str, str], inst,
 
     kills: list[tuple[str, float, list[str]]] = []  # (mode, moment, the pipelines of the runs it left unfinished)
     after_kill: list[float] = []
+
+    def tick_after_kill(pid: int, left: list[dict], what: str) -> PipedShell:
+        """A new shell's tick after a kill: it ends in time, names and fails each run the killed
+        shell (`pid`) left unfinished (`left`), and leaves nothing unsettled."""
+        sh = new_shell([])
+        sh.write(TICK)
+        err, took = sh.finish(bound, what)
+        after_kill.append(round(took, 1))
+        for r in left:  # what the killed shell left behind: named by the next tick, and failed
+            assert any(
+                re.search(rf"marked run {r['id'][:8]} \(wire tick, pid {pid} on [^)]*\) failed: its process is gone", e)
+                for e in err
+            ), (what, r, err[-40:])
+        settled = {r["id"]: r for r in assert_settled(inst)}
+        assert all(settled[r["id"]]["status"] == "FAILURE" for r in left), [settled[r["id"]] for r in left]
+        return sh
+
     for attempt in range(3 * KILLS):
         if len(kills) == KILLS:
             break
@@ -257,20 +291,32 @@ def _kill_shells(rng: random.Random, store, up, down, env: dict[str, str], inst,
         for spec in (up, down):  # right after the kill, readers see whole epochs
             assert_committed_sound(store, spec)
 
-        sh = new_shell([])
-        sh.write(TICK)
         what = f"the tick after kill {len(kills)} ({label}, at {at:.1f} s; C = {cold:.1f} s, D = {warm:.1f} s)"
-        err, took = sh.finish(bound, what)
-        after_kill.append(round(took, 1))
-        for r in left:  # what the killed shell left behind: named by the next tick, and failed
-            assert any(
-                re.search(rf"marked run {r['id'][:8]} \(wire tick, pid {pid} on [^)]*\) failed: its process is gone", e)
-                for e in err
-            ), (what, r, err[-40:])
-        settled = {r["id"]: r for r in assert_settled(inst)}
-        assert all(settled[r["id"]]["status"] == "FAILURE" for r in left), [settled[r["id"]] for r in left]
+        sh = tick_after_kill(pid, left, what)
     assert len(kills) == KILLS, f"only {len(kills)} ticks were still running at their kill moment: {kills}"
     assert any(n for _, _, n in kills), f"no kill left a run behind: {kills}"
+
+    # One kill more where it leaves files behind (a random moment seldom lands there): a new shell
+    # held between two staged files of its run (WIRE_PAUSE), then killed -9 like the others.
+    sh.end()
+    sh = new_shell([], {**env, "WIRE_PAUSE": "mid-staging", "WIRE_PAUSE_DIR": str(pause_dir)})
+    sh.write(TICK)
+    wait_for(
+        lambda: (pause_dir / "mid-staging.paused").exists() or sh.statuses > 0, bound, None, "the held tick's staging"
+    )
+    assert (pause_dir / "mid-staging.paused").exists(), "the held tick ended without staging a file"
+    pid = sh.proc.pid
+    left = [r for r in runs_of(inst, **{"wire/pid": str(pid)}) if r["status"] in UNFINISHED]
+    for spec in (up, down):
+        cp = Checkpoints(store, spec.name)
+        named = {f.key for n in cp.committed() for f in cp.load(n).files()}
+        leftovers |= {i.key for i in store.list(f"{cp.root}staging/")} - named
+    sh.kill()
+    assert left and leftovers, (left, leftovers)  # a run, and what it staged that no manifest names
+    kills.append(("held mid-staging", 0.0, [r["pipeline"] for r in left]))
+    for spec in (up, down):
+        assert_committed_sound(store, spec)
+    sh = tick_after_kill(pid, left, f"the tick after the held kill (C = {cold:.1f} s, D = {warm:.1f} s)")
 
     # Ticks until the sensors ask for nothing more; each must finish within the bound too.
     for _ in range(4 * EPOCHS):
@@ -293,9 +339,9 @@ def _kill_shells(rng: random.Random, store, up, down, env: dict[str, str], inst,
     )
 
 
-def _final(store, up, down, events: dict[str, list[dict]], env: dict[str, str]) -> None:
+def _final(store, up, down, events: dict[str, list[dict]], env: dict[str, str], leftovers: set[str]) -> None:
     """Both stages equal the reference, conservation balances, and `wire gc --grace 0` leaves only
-    what kept committed manifests name."""
+    what kept committed manifests name: the held kill's `leftovers` are there before it, gone after."""
     want_up = expected(up, events)
     want_down = expected_down(down, want_up.state.view["per_minute"])
     n_up_rows = want_down.lines
@@ -320,9 +366,12 @@ def _final(store, up, down, events: dict[str, list[dict]], env: dict[str, str]) 
 
     # What the kills staged and never committed, `wire gc` collects (no grace: nothing runs now);
     # never a file a kept committed manifest names.
+    gone = set(leftovers)
     for spec in (up, down):
         cp = Checkpoints(store, spec.name)
         staged_before = {i.key for i in store.list(f"{cp.root}staging/")}
+        mine = {k for k in leftovers if k.startswith(f"{cp.root}staging/")}
+        assert mine <= staged_before, f"{spec.name}: the held kill's staging went before wire gc"
         out = wire(["gc", "--pipeline", spec.name, "--grace", "0"], env).stdout.strip()
         print(f"{spec.name}: {len(staged_before)} staged objects; wire gc --grace 0: {out!r}")
         kept = [cp.load(n) for n in cp.committed()]
@@ -330,5 +379,7 @@ def _final(store, up, down, events: dict[str, list[dict]], env: dict[str, str]) 
         staged = {i.key for i in store.list(f"{cp.root}staging/")}
         assert staged <= named, f"{spec.name}: uncommitted staging left by wire gc: {sorted(staged - named)[:5]}"
         assert staged <= staged_before
+        gone -= mine - staged
         assert_committed_sound(store, spec)
+    assert not gone, f"wire gc --grace 0 left the held kill's staging: {sorted(gone)[:5]}"
     check_results()  # gc took nothing a result needs

@@ -530,12 +530,15 @@ def run_error(res: dg.ExecuteInProcessResult, say: Callable[[str], None] | None 
         details = said
     else:
         inner = _cause(err)
-        name = inner.cls_name or "WireError"
+        name, message = inner.cls_name or "WireError", inner.message
+        worker = errors.worker_cause(message)  # a Spark Python worker's error: its own class and line
+        if worker is not None:
+            name, message = worker
         cls = getattr(errors, name, None)
         if not (isinstance(cls, type) and issubclass(cls, WireError)):
             cls = type(name, (WireError,), {"__module__": "wire_dagster.errors"})
         exc = cls.__new__(cls)  # the class's own __init__ may want other arguments (ObjectExists(key))
-        Exception.__init__(exc, _strip_class(name, inner.message) or f"run {res.run_id[:8]} failed")
+        Exception.__init__(exc, _strip_class(name, message) or f"run {res.run_id[:8]} failed")
         details = err.to_string()
     if say is not None and verbose():
         say(details)

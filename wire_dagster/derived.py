@@ -531,7 +531,8 @@ def passed_records(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
       same types, checks and reasons, record by record: extract.py);
     - as a table of the records' fields and `window_time`, the columns a join selects from:
       values keep their JSON types (text stays text, where the JSON reader would make ISO-8601
-      text a timestamp); a field whose values have several JSON types is its values' JSON text.
+      text a timestamp); a field whose values have several JSON types is typed as a stream's
+      JSON lines are (`_json_column`: numbers win, the other values null).
 
     The output's own columns (key, window, id, record) are not the record's: a raw field may
     bear one of their names (NEXMark's `id`)."""
@@ -577,18 +578,34 @@ def _record_fields(texts: pa.ChunkedArray) -> pa.Table:
             explicit = pa.schema([pa.field(f.name, pa.string()) for f in stamps])
             opts = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
             fields = pj.read_json(data, parse_options=opts)
-    except pa.ArrowInvalid:  # a field of several JSON types: column by column, in Python
+    except pa.ArrowInvalid:  # a field of several JSON types, or NaN: column by column, in Python
         recs = [json.loads(x) for x in texts.to_pylist()]
         names = list(dict.fromkeys(k for r in recs for k in r))
-        cols = {}
-        for k in names:
-            vals = [r.get(k) for r in recs]
-            try:
-                cols[k] = pa.array(vals)
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                cols[k] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals], pa.string())
-        fields = pa.table(cols)
+        fields = pa.table({k: _json_column([r.get(k) for r in recs]) for k in names})
     return fields.drop_columns([c for c in fields.column_names if c == WINDOW_TIME])
+
+
+def _json_column(vals: list) -> pa.Array:
+    """One field's JSON values as one column, by the rule of a stream's JSON lines
+    (`extract._json_typed`): numbers where any value is one (int64 where all those are integers
+    that fit, else double; a value of another type is then null), booleans where all are, else
+    text (a value that is no string as its JSON text). So `left.price > 100` compares numbers
+    whenever the records carry numbers, whatever else a few of them carry."""
+    import json
+
+    def number(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    present = [v for v in vals if v is not None]
+    if any(number(v) for v in present):
+        ints = all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in present if number(v))
+        typ = pa.int64() if ints else pa.float64()
+        return pa.array([(v if ints else float(v)) if number(v) else None for v in vals], typ)
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.array(vals, pa.bool_())
+    if not present:
+        return pa.nulls(len(vals))
+    return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals], pa.string())
 
 
 def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
@@ -596,6 +613,8 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
     (null keys equal) in the same tumbling or sliding window for which `where` holds, as the `select`
     columns, with `key`, `window_start`, `window_end` and `retract` (false). DuckDB, over the
     records of the windows computed (the caller keeps those)."""
+    import duckdb
+
     from .duck import duckdb_connection
     from .sqlexpr import quote_sides
 
@@ -621,7 +640,17 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
                    {cols}, FALSE AS retract
             FROM l AS "left" JOIN r AS "right"
               ON "left".{JOIN_KEY} IS NOT DISTINCT FROM "right".{JOIN_KEY} AND "left".__ws = "right".__ws{cond}"""
-        return con.sql(sql).to_arrow_table()
+        try:
+            return con.sql(sql).to_arrow_table()
+        except duckdb.Error as e:
+            # A field whose records hold numbers in some and text (or true, a list) in others is
+            # read as text (`_record_fields`), which `where` or `select` may not take.
+            first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+            raise WireInputError(
+                f"join {w.name}: {first}; a field whose records hold numbers and text reads as text: "
+                f"give it one type in the stage's fields (as amount: TRY_CAST(amount AS DOUBLE)), then wire backfill "
+                f"the stage"
+            ) from None
     finally:
         for n in registered:
             con.unregister(n)

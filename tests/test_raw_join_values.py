@@ -1,0 +1,163 @@
+"""Values users really send, through a join of raw streams (tests/test_raw_joins.py's `joined`:
+clicks ⋈ views on user, tumbling 10 s, here with `where: left.amount > 10`).
+
+The generated pipeline `<stage>__clicks` passes each accepted click on as it is; the join reads
+the records' fields as columns, each typed as a stream's JSON lines are for `where` and `fields`
+(extract._json_typed): numbers where any value is one (NaN, ±Infinity, 1e308, -0.0, 2^64 too),
+the other values then null; so one click with `"amount": "12"` never stops the join. Where no
+record of what a join reads holds a number, the field is text, which `left.amount > 10` cannot
+compare: the tick fails with one line naming the join, the cause and the remedy (a type in the
+stage's `fields:`, then `wire backfill` of the stage), and after the remedy the join commits what
+a plain Python reference says. NaN is greater than every number, as in Spark and DuckDB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import yaml
+
+from cli_setup import pipeline_env
+from commit_scenario import subprocess_env, wire
+from test_raw_joins import CLICKS, COMMON, JOINED, T0
+from wire_dagster import results
+from wire_dagster.derived import _record_fields
+from wire_dagster.duck import duckdb_connection
+from wire_dagster.errors import one_line, worker_cause
+from wire_dagster.extract import _json_typed
+from wire_dagster.spec import load_all
+
+#: The clicks' `amount` as their JSON lines write it, and as the join reads it (numbers win).
+MIXED = {
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+    "1e308": 1e308,
+    "-0.0": -0.0,
+    "null": None,
+    "18446744073709551616": 2.0**64,  # past int64
+    '"12"': None,  # text among numbers: the poison value
+    "true": None,
+    "[30]": None,
+    "20": 20.0,
+    "5": 5.0,
+    "3.5": 3.5,
+}
+#: ... and a stream whose amounts are all text, as TRY_CAST(amount AS DOUBLE) reads them.
+TEXT = {'"12"': 12.0, '"30.5"': 30.5, '"x"': None, '"7"': 7.0}
+WHERE = {"where": "left.amount > 10"}
+STAGE = {**JOINED, "windows": [{**JOINED["windows"][0], **WHERE}]}
+TEXT_STAGE = {**STAGE, "name": "joined_text", "inputs": [{**CLICKS, "stream": "tclicks"}, JOINED["inputs"][1]]}
+TYPED = {**TEXT_STAGE, "fields": {"amount": "TRY_CAST(amount AS DOUBLE)"}}
+
+WORKER_ERROR = (
+    "An exception was thrown from the Python worker:\n"
+    "Traceback (most recent call last):\n"
+    '  File "/w/wire_dagster/derived.py", line 468, in block_rows\n'
+    "    out[('out', w.name)] = join_rows(w, records)\n"
+    "                           ^^^^^^^^^^^^^^^^^^^^^\n"
+    "wire_dagster.errors.WireInputError: join tumble: Binder Error: Cannot compare values\n"
+    "\n"
+    "JVM stacktrace:\n"
+    "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+    "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:624)\n"
+)
+
+
+def test_a_spark_workers_error_is_told_by_its_own_line() -> None:
+    """PySpark's message for a worker's error starts with a line that names no cause: the worker's
+    exception (the traceback's last unindented line, before the JVM's stack) is the line told."""
+    assert worker_cause(WORKER_ERROR) == ("WireInputError", "join tumble: Binder Error: Cannot compare values")
+    as_dagster_records_it = "pyspark.errors.exceptions.captured.PythonException: \n  " + WORKER_ERROR
+    assert worker_cause(as_dagster_records_it) == worker_cause(WORKER_ERROR)
+    assert one_line(RuntimeError(WORKER_ERROR)) == "WireInputError: join tumble: Binder Error: Cannot compare values"
+    assert worker_cause("Binder Error: Cannot compare values") is None
+    assert one_line(ValueError("bad\nsecond")) == "ValueError: bad"
+    no_exception_line = "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n  x\n"
+    assert worker_cause(no_exception_line) is None
+
+
+def test_a_joins_fields_are_typed_as_a_streams_json_lines_are() -> None:
+    """`_record_fields` (the join's columns of passed-on records) against DuckDB evaluating
+    extract._json_typed (the type a stream's JSON lines give a field in `where` and `fields`) over
+    the same lines: the same values, for mixes of every JSON type (integers within int64)."""
+    values = ["1", "-2", "2.5", "NaN", "-Infinity", "1e308", "-0.0", "null", '"12"', '"x"', "true", "false", "[1]"]
+    values += ['{"a": 1}', '"2026-01-01T00:00:00Z"']
+    mixes = [values, values[:3], values[:3] + ['"12"'], ["true", "false", "null"], ['"x"', "[1]", "null"]]
+    mixes += [['"12"', "true"], ["null", "null"], ["2.5", '"x"', "true", "{}"]] + [[v, "7"] for v in values]
+    con = duckdb_connection()
+    for mix in mixes:
+        lines = [f'{{"n": {i}, "amount": {v}}}' for i, v in enumerate(mix)]
+        got = _record_fields(pa.chunked_array([pa.array(lines)]))
+        con.register("chunk", pa.table({"raw": pa.array([x.encode() for x in lines], pa.binary())}))
+        want = [r[0] for r in con.sql(f"SELECT {_json_typed(con, 'chunk', 'amount')} FROM chunk").fetchall()]
+        con.unregister("chunk")
+        mine = got["amount"].to_pylist() if "amount" in got.column_names else [None] * len(mix)
+        assert len(mine) == len(want), mix
+        for a, b in zip(mine, want, strict=True):
+            same = (a is None and b is None) or (
+                isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+            )
+            assert same or a == b, (mix, mine, want)
+
+
+def _kept(amounts: dict[str, float | None]) -> list[tuple]:
+    """(eid, amount) of every click with amount > 10 (NaN too; null never), sorted by eid."""
+    kept = [(f"c{i}", v) for i, v in enumerate(amounts.values()) if v is not None and (math.isnan(v) or v > 10)]
+    return sorted(kept, key=lambda x: x[0])
+
+
+def _produce(env: dict[str, str], tmp_path: Path, stream: str, amounts: dict[str, float | None]) -> None:
+    lines = [f'{{"ts": {T0 + 500 * i}, "eid": "c{i}", "user": "u", "amount": {a}}}' for i, a in enumerate(amounts)]
+    lines.append(f'{{"ts": {T0 + 100}, "eid": "c-missing", "user": "u"}}')  # no amount at all
+    (tmp_path / f"{stream}.jsonl").write_text("\n".join(lines) + "\n")
+    wire(["produce", "--stream", stream, "--file", tmp_path / f"{stream}.jsonl"], env)
+    wire(["close", "--stream", stream], env)
+
+
+def _joined(store, pdir: Path, name: str) -> list[tuple]:
+    spec = next(s for s in load_all(pdir) if s.name == name)
+    rows = results.read_results(store, spec, "tumble").to_pylist()
+    assert {(r["vid"], r["page"]) for r in rows} <= {("v0", "p")}
+    return sorted(((r["eid"], r["amount"]) for r in rows), key=lambda x: x[0])
+
+
+def _same(got: list[tuple], want: list[tuple]) -> bool:
+    return [e for e, _ in got] == [e for e, _ in want] and all(
+        (math.isnan(a) and math.isnan(b)) or a == b for (_, a), (_, b) in zip(got, want, strict=True)
+    )
+
+
+def test_poison_values_never_stop_a_join_and_a_text_field_is_one_line_then_typed(
+    store, cli_env, spark_remote, tmp_path: Path
+) -> None:
+    (_, env, pdir, _) = pipeline_env(
+        tmp_path, subprocess_env(cli_env, spark_remote), {**COMMON, **STAGE}, {**COMMON, **TEXT_STAGE}
+    )
+    _produce(env, tmp_path, "clicks", MIXED)
+    _produce(env, tmp_path, "tclicks", TEXT)
+    (tmp_path / "views.jsonl").write_text(json.dumps({"ts": T0 + 200, "vid": "v0", "user": "u", "page": "p"}) + "\n")
+    wire(["produce", "--stream", "views", "--file", tmp_path / "views.jsonl"], env)
+    wire(["close", "--stream", "views"], env)
+
+    # Numbers, NaN, Infinity, 2^64 and a few values of other types: the join commits at once.
+    wire(["tick", "--pipeline", "joined", "--upstream"], env)
+    got, want = _joined(store, pdir, "joined"), _kept(MIXED)
+    assert want and _same(got, want), (got, want)
+
+    # Every amount text: one line naming the join, the cause and the remedy; exit 2.
+    failed = wire(["tick", "--pipeline", "joined_text", "--upstream"], env, expect_rc=2)
+    said = [x for x in failed.stderr.splitlines() if x.strip()]
+    assert len(said) == 1 and said[0].startswith("error: join tumble: Binder Error: "), said
+    assert "TRY_CAST(amount AS DOUBLE)" in said[0] and "wire backfill" in said[0], said
+
+    # The remedy it names: a type for the field, then a backfill of the stage (its raw inputs'
+    # pipelines first: their records carry the stage's fields), then a tick.
+    (pdir / "joined_text.yaml").write_text(yaml.safe_dump({**COMMON, **TYPED}))
+    wire(["backfill", "--pipeline", "joined_text"], env)
+    wire(["tick", "--pipeline", "joined_text", "--upstream"], env)
+    got, want = _joined(store, pdir, "joined_text"), _kept(TEXT)
+    assert want and _same(got, want), (got, want)

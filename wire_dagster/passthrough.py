@@ -78,7 +78,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     bad = events.filter(pc.and_(pc.is_valid(err), pc.invert(filtered)))  # pyright: ignore[reportAttributeAccessIssue]
     n["filtered"] = pc.sum(filtered).as_py() or 0  # pyright: ignore[reportAttributeAccessIssue]
     n["malformed"] = bad.num_rows
-    # usually every record is good: then no copy of their texts (0.3 s for 920,000 bids)
+    # usually every record is good: then no copy of their texts (0.6 s sampled for 920,000 bids)
     good = events if err.null_count == events.num_rows else events.filter(pc.is_null(err))  # pyright: ignore[reportAttributeAccessIssue]
 
     # what the keys carry: records waiting for W (the pass-through keeps no state nor timers), ids

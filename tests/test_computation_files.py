@@ -261,7 +261,8 @@ def _ms(iso: str) -> int:
 def test_an_output_read_downstream_keeps_its_records_json_types() -> None:
     """A computation's records read as a derived stream (derived.record_columns): each top-level
     field a column of its JSON type; ISO-8601 text stays text (pyarrow's reader alone makes it a
-    timestamp), a field of changing type leaves the records as JSON text."""
+    timestamp); a field of several JSON types is typed as a stream's JSON lines type it (numbers
+    win, the other values null), the other fields as ever."""
     import pyarrow as pa
 
     from wire_dagster.derived import record_columns
@@ -279,5 +280,7 @@ def test_an_output_read_downstream_keeps_its_records_json_types() -> None:
         pa.bool_(),
     )
     assert t["tags"].to_pylist() == [["a"], []]
-    mixed = pa.table({"key": ["u0", "u1"], "record": [json.dumps({"v": 1}), json.dumps({"v": "one"})]})
-    assert record_columns(mixed).column_names == ["key", "record"]
+    mixed = [{"v": 1, "u": "a"}, {"v": "one", "u": "b"}, {"v": 2.5, "u": "c"}]
+    t = record_columns(pa.table({"key": ["u0", "u1", "u2"], "record": [json.dumps(r) for r in mixed]}))
+    assert t.column_names == ["key", "record", "v", "u"]
+    assert (t["v"].to_pylist(), t["u"].to_pylist()) == ([1.0, None, 2.5], ["a", "b", "c"])

@@ -760,6 +760,70 @@ def test_a_computation_output_is_a_derived_stream_for_windows_downstream(store, 
     assert got == want and len(got) >= 3
 
 
+AMOUNTS = '''
+from wire_dagster.computation import Computation
+
+
+class Amounts(Computation):
+    """Each click's amount and tag as the click carries them: a number, or now and then text."""
+
+    def process_record(self, ctx, record):
+        ctx.produce({"amount": record["amount"], "tag": record["tag"]}, "amounts")
+'''
+
+
+def test_a_field_of_numbers_and_text_downstream_costs_only_its_text_values(store, spark, tmp_path: Path) -> None:
+    """A computation's records whose `amount` is a number in most and text in a few (`"12"`)
+    feed a window downstream (derived.record_columns): the text values are null there (the rule
+    of a stream's JSON lines: numbers win), every other field and record is as produced, so the
+    window equals a Python reference over the numbers (count: every record; sum and max: the
+    numbers) instead of losing every field of every record to one value."""
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "amounts.py").write_text(AMOUNTS)
+    comp = ComputationSpec(name="amounts", input="clicks", code="amounts:Amounts", outputs=("amounts",))
+    up = load_pipeline(_pipeline(d, comps=(comp,), name="payers"))
+    (d / "totals.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "totals",
+                "inputs": [{"name": "amounts", "pipeline": "payers", "output": "amounts", "key": "tag"}],
+                "partition": "1h",
+                "start": COMMON["start"],
+                "end": COMMON["end"],
+                "windows": [
+                    {"name": "per_hour", "type": "tumbling", "size": "1h",
+                     "aggregates": {"n": "count", "total": "sum(amount)", "top": "max(amount)"}},
+                ],
+            }
+        )
+    )  # fmt: skip
+    down = load_pipeline(d / "totals.yaml")
+    rnd = random.Random(7)
+    events = _events(rnd, 300, users=3)
+    for i, e in enumerate(events):
+        e["amount"] = f"{i % 50}" if i % 37 == 5 else (i % 50) + (0.5 if i % 3 else 0)  # text now and then
+    f = tmp_path / "clicks.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", up), f)
+    streams.close_stream(store, "clicks")
+    while computestage.process(store, up, spark, max_epochs=5).committed:
+        pass
+    engine.process(store, down, spark)
+    want: dict = {}
+    for e in events:
+        hour = e["ts"] - e["ts"] % 3_600_000
+        n, total, top = want.get((e["tag"], hour), (0, 0.0, None))
+        x = e["amount"] if not isinstance(e["amount"], str) else None
+        want[(e["tag"], hour)] = (n + 1, total + (x or 0), top if x is None else max(top or x, x))
+    from wire_dagster.results import read_results
+
+    rows = read_results(store, down, "per_hour").to_pylist()
+    got = {(r["key"], r["window_start"]): (r["n"], float(r["total"]), r["top"]) for r in rows}
+    assert got == want and sum(n for n, _, _ in got.values()) == len(events)
+    assert any(isinstance(e["amount"], str) for e in events)
+
+
 # ---------------------------------------------------------------------------
 # A computation over a derived stream (a window's rows), and derived fields in the record
 

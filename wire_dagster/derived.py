@@ -495,26 +495,17 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
 
 
 def record_columns(rows: pa.Table) -> pa.Table:
-    """An output's rows with each record's top-level fields as columns (typed by pyarrow's JSON
-    reader, JSON text staying text: the reader would make ISO-8601 text a timestamp; a field that
-    clashes with a row column is left in `record`): what a derived stream of a computation's
-    output reads, so its windows aggregate the records' fields."""
-    import io
-
-    import pyarrow.json as pj
-
+    """An output's rows with each record's top-level fields as columns, as a join reads a raw
+    input's records (`_record_fields`: JSON types, ISO-8601 text staying text, a field of several
+    JSON types typed as a stream's JSON lines type it: numbers win, its other values null; a field
+    that clashes with a row column is left in `record`): what a derived stream of a computation's
+    output reads, so its windows aggregate the records' fields. One record's odd value so costs
+    that value, never the other records' fields."""
     if not rows.num_rows:
         return rows
-    text = "\n".join(rows["record"].to_pylist()).encode()
-    try:
-        fields = pj.read_json(io.BytesIO(text))
-        if stamps := [f.name for f in fields.schema if pa.types.is_timestamp(f.type)]:
-            texts = pa.schema([(n, pa.string()) for n in stamps])  # the others inferred as before
-            fields = pj.read_json(io.BytesIO(text), parse_options=pj.ParseOptions(explicit_schema=texts))
-    except pa.ArrowInvalid:  # a field of changing type: the records stay JSON text
-        return rows
+    fields = _record_fields(rows["record"])
     for name in fields.column_names:
-        if name not in rows.column_names and name != "window_time":
+        if name not in rows.column_names:
             rows = rows.append_column(name, fields[name])
     return rows
 

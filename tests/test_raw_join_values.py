@@ -22,9 +22,9 @@ import yaml
 
 from cli_setup import pipeline_env
 from commit_scenario import subprocess_env, wire
-from test_raw_joins import CLICKS, COMMON, JOINED, T0
+from test_raw_joins import CLICKS, COMMON, JOINED, T0, _write
 from wire_dagster import results
-from wire_dagster.derived import _record_fields
+from wire_dagster.derived import JOIN_KEY, JOIN_T, _record_fields, join_rows
 from wire_dagster.duck import duckdb_connection
 from wire_dagster.errors import one_line, worker_cause
 from wire_dagster.extract import _json_typed
@@ -161,3 +161,46 @@ def test_poison_values_never_stop_a_join_and_a_text_field_is_one_line_then_typed
     wire(["tick", "--pipeline", "joined_text", "--upstream"], env)
     got, want = _joined(store, pdir, "joined_text"), _kept(TEXT)
     assert want and _same(got, want), (got, want)
+
+
+def test_a_join_over_records_without_a_field_it_names_pairs_them_with_null(tmp_path: Path) -> None:
+    """Records none of which has a field the join's `select` or `where` names (a block of clicks
+    without `amount`) are no error: the field is null there, so `where: left.amount > 10` keeps
+    none and a join without `where` selects null."""
+    _write(tmp_path, STAGE)
+    spec = next(s for s in load_all(tmp_path) if s.name == "joined")
+    (w,) = spec.windows
+
+    def side(rows: list[dict]) -> list[pa.Table]:
+        t = pa.Table.from_pylist(rows)
+        return [t.append_column(JOIN_KEY, pa.array(["u"] * len(rows))).append_column(JOIN_T, t["ts"])]
+
+    clicks = side([{"ts": T0 + 10, "eid": "c0", "user": "u"}, {"ts": T0 + 20, "eid": "c1", "user": "u"}])
+    views = side([{"ts": T0 + 30, "vid": "v0", "user": "u", "page": "p"}])
+    assert join_rows(w, {"clicks": clicks, "views": views}).num_rows == 0
+    plain = w.model_copy(update={"where": None})
+    got = join_rows(plain, {"clicks": clicks, "views": views}).to_pylist()
+    assert sorted((r["eid"], r["amount"], r["vid"]) for r in got) == [("c0", None, "v0"), ("c1", None, "v0")]
+
+
+def test_a_joins_partition_keeps_its_rows_when_a_column_changes_type_between_epochs() -> None:
+    """A join's columns keep their inputs' types, which the records one epoch reads decide: a
+    partition whose committed `amount` is double may get rows whose `amount` is int64 (only
+    integers read), null (no record had it) or text. The merge (content.apply_changes) keeps every
+    committed value: double with int64 is double, with null double, with text text; it used to
+    cast the committed 3.5 to the new rows' int64 (an error on every retry) or to null."""
+    from wire_dagster.content import apply_changes
+
+    old = pa.table({"key": ["u"], "window_start": [0], "window_end": [10], "amount": pa.array([3.5])})
+    for typ, new, want_type, want in (
+        (pa.int64(), 20, pa.float64(), [3.5, 20.0]),
+        (pa.null(), None, pa.float64(), [3.5, None]),
+        (pa.string(), "x", pa.string(), ["3.5", "x"]),
+        (pa.float64(), 1.5, pa.float64(), [3.5, 1.5]),
+    ):
+        changes = pa.table(
+            {"key": ["u"], "window_start": [10], "window_end": [20], "amount": pa.array([new], typ), "retract": [False]}
+        )
+        got = apply_changes(old, changes)
+        assert (got.schema.field("amount").type, got["amount"].to_pylist()) == (want_type, want), typ
+        assert got.column_names == ["key", "window_start", "window_end", "amount"]

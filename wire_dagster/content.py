@@ -36,4 +36,25 @@ def apply_changes(old: pa.Table | None, changes: pa.Table) -> pa.Table:
         con.unregister("ch")
         if old is not None and old.num_rows:
             con.unregister("old")
-    return out.cast(schema)
+    return out.cast(_kept_types(schema, old, out))
+
+
+def _kept_types(schema: pa.Schema, old: pa.Table | None, out: pa.Table) -> pa.Schema:
+    """The content's types: the changes' (a window's are its output schema), except where a
+    join's column changed type between epochs (its columns keep their inputs' types, which one
+    epoch's records decide): then the type both fit (int64 and double: double; null and any: that
+    one), else DuckDB's for their union (text). The committed rows are never cast to a type that
+    cannot hold them (3.5 to int64, a value to null)."""
+    if old is None or not old.num_rows:
+        return schema
+    fields = []
+    for f in schema:
+        before = old.schema.field(f.name) if f.name in old.schema.names else None
+        if before is None or before.type == f.type:
+            fields.append(f)
+            continue
+        try:
+            fields.append(pa.unify_schemas([pa.schema([before]), pa.schema([f])], promote_options="permissive")[0])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            fields.append(out.schema.field(f.name))
+    return pa.schema(fields)

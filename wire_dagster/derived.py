@@ -607,17 +607,28 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
     import duckdb
 
     from .duck import duckdb_connection
-    from .sqlexpr import quote_sides
+    from .sqlexpr import expression_columns, quote_sides
 
     con = duckdb_connection()
     names = {"left": "__wire_left", "right": "__wire_right"}
+    # the record fields each side's `select` and `where` name: one no record read has is null
+    named: dict[str, set[str]] = {"left": set(), "right": set()}
+    for c in w.select:
+        named[c.side].add(c.column)
+    for ref in expression_columns(quote_sides(w.where), f"windows.{w.name}.where") if w.where else ():
+        side, _, field = ref.partition(".")
+        if side in named and field:
+            named[side].add(field.split(".")[0])
     registered = []
     try:
         for side, inp in (("left", w.left), ("right", w.right)):
             parts = records.get(inp or "", [])
             if not parts:
                 return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
-            con.register(names[side], pa.concat_tables(parts, promote_options="permissive"))
+            t = pa.concat_tables(parts, promote_options="permissive")
+            for field in sorted(named[side] - set(t.column_names)):
+                t = t.append_column(field, pa.nulls(t.num_rows))
+            con.register(names[side], t)
             registered.append(names[side])
         # the start of the last window holding a record (windows.assign), and each window's start
         last = f"{JOIN_T} - ((({JOIN_T} - {w.offset}) % {w.slide}) + {w.slide}) % {w.slide}"

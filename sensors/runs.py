@@ -416,8 +416,17 @@ class PipelineRuns:
                 f.seek(0)
                 holder = f.read().strip() or "another wire process"
                 self.say(f"waiting for {holder} to finish with pipeline {self.pipeline}")
-                with self.signals.waiting():
-                    fcntl.flock(f, fcntl.LOCK_EX)  # sleeps in the kernel; a signal ends it
+                # Tried again every 0.2 s, not one blocking flock: a signal the kernel hands to
+                # another thread (a library's) would not interrupt that call, and the handler,
+                # which runs in the main thread, would wait for the holder to finish.
+                while True:
+                    with self.signals.waiting():
+                        time.sleep(0.2)
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        continue
             f.seek(0)
             f.truncate()
             f.write(self.who)

@@ -407,3 +407,42 @@ def test_run_error_is_the_error_inside_dagsters_wrapper(exc, cls, base, line, mo
     assert str(R.run_error(res, said.append)) == line
     (report,) = said
     assert "Stack Trace:" in report and "raise exc" in report and "DagsterExecutionStepExecutionError" in report
+
+
+def test_a_lock_wait_ends_when_another_thread_receives_the_signal(tmp_path: Path) -> None:
+    """The kernel hands a signal sent to a process to any of its threads that does not block it;
+    a library's thread may take it. The main thread, waiting for another tick's pipeline lock,
+    must stop all the same, within a second: the wait sleeps and tries again (a blocking flock
+    would only see the signal once the other tick released the lock, here after 8 s)."""
+    import fcntl
+    import threading
+
+    @dg.op
+    def nothing() -> None:
+        pass
+
+    @dg.job
+    def job() -> None:
+        nothing()
+
+    (tmp_path / "home").mkdir()
+    with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as inst:
+        holder = open(R._lock_path(inst, "p"), "a+")  # another tick's hold, on its own file description
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        release = threading.Timer(8.0, holder.close)
+        done = threading.Event()
+        other = threading.Thread(target=done.wait, name="a library's thread")
+        other.start()
+        release.start()
+        threading.Timer(0.5, lambda: signal.pthread_kill(other.ident or 0, signal.SIGINT)).start()
+        t = time.monotonic()
+        try:
+            with pytest.raises(R.Interrupted, match="interrupted by SIGINT while waiting for pipeline p"):
+                with R.Signals() as signals, R.PipelineRuns(inst, "p", job, "wire tick", signals):
+                    pass
+            took = time.monotonic() - t
+        finally:
+            done.set()
+            release.cancel()
+            holder.close()
+        assert took < 2.0, took

@@ -645,11 +645,11 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
         try:
             return con.sql(sql).to_arrow_table()
         except duckdb.Error as e:
-            # A field whose records hold numbers in some and text (or true, a list) in others is
-            # read as text (`_record_fields`), which `where` or `select` may not take.
+            # A field none of whose records (those this task read) holds a number is text
+            # (`_json_column`: numbers win where there are any), which `where` or `select` may not take.
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
             raise WireInputError(
-                f"join {w.name}: {first}; a field whose records hold numbers and text reads as text: "
+                f"join {w.name}: {first}; a field whose records hold no number reads as text: "
                 f"give it one type in the stage's fields (as amount: TRY_CAST(amount AS DOUBLE)), then wire backfill "
                 f"the stage"
             ) from None

@@ -18,6 +18,10 @@ partition read (`Manifest.upstream`), so the next epoch knows which partitions c
 the minimum over the inputs' committed watermarks. The recomputation runs in one Spark task that
 reads the upstream's files itself (nothing is collected on the driver but the stage's results),
 then commits through the same two-phase protocol as every epoch (checkpoint.py).
+
+An upstream row the stage's checks refuse is a dead letter (`malformed: ...`), kept per upstream
+partition (`Manifest.upstream_letters`) and found, as the partition's records are counted, by the
+epoch that reads its content first (`Planned.fresh`): never twice, however often it is read.
 """
 
 from __future__ import annotations
@@ -153,6 +157,10 @@ class Planned:
     w_new: int
     changed: list[tuple[int, int]]  # record-time ranges [lo, hi) whose upstream rows changed
     replay: tuple
+    # the upstream files (keys) new or changed since the epoch before: the records an epoch
+    # counts, and whose dead letters it finds (an upstream partition's content is read anew
+    # by every epoch whose windows need it, but counted, and its dead letters kept, once)
+    fresh: frozenset[str] = frozenset()
 
     def computed(self, start: pa.Array, end: pa.Array) -> pa.Array:
         """Which windows [start, end) the epoch (re)computes: the ones that fire now, and the
@@ -197,7 +205,7 @@ def plan_at(
     read the upstream partitions `before` (input -> partition -> sha256) and reached `w_prev`:
     the one rule for a live epoch, a replay after a rewind and a backfill's replay of the
     recorded timeline (computestage.replayed_epochs)."""
-    refs, wms, changed = {}, {}, []
+    refs, wms, changed, fresh = {}, {}, [], set()
     for u in ups:
         n = targets[u.input.name]
         m = _upstream_manifest(store, spec, u, n) if n else None
@@ -208,8 +216,10 @@ def plan_at(
         for p in sorted(set(was) | set(now), key=int):
             if was.get(p) != now.get(p):  # new, changed or removed: its windows are recomputed
                 changed.append((int(p), int(p) + u.spec.partition))
+                if p in now:
+                    fresh.add(refs[u.input.name][p].key)
     w_new = max(w_prev, min(wms.values()))
-    return Planned(epoch, dict(targets), refs, wms, w_prev, w_new, changed, replay)
+    return Planned(epoch, dict(targets), refs, wms, w_prev, w_new, changed, replay, frozenset(fresh))
 
 
 def _upstream_watermark(u: Upstream, m: Manifest | None) -> int:
@@ -339,7 +349,7 @@ def recompute(
     # every window of the partitions asked (they overlap the partitions' time) that W has passed
     ranges = [(p, p + spec.partition) for p in sorted(set(partitions_))]
     plan = Planned(latest.epoch, dict(latest.remap), refs, wms, latest.watermark, latest.watermark, ranges, ())
-    rows, _ = _compute(store, spec, ups, plan, started_session(spark))
+    rows = _compute(store, spec, ups, plan, started_session(spark)).rows
     for w in spec.windows:
         for p in contents[w.name]:
             mine = _in_partition(spec, rows.get(w.name), p)
@@ -400,7 +410,7 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     (their records as the pipeline reads them) and aggregate them with the kernel's code; one
     task per block of event time (`_blocks`), one task in all for a few files."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
-    from .events import ERR, KEY, ROW, TIME, chunk_schema
+    from .events import ERR, FILTERED, KEY, ROW, TIME, chunk_schema
     from .expand import is_generated
     from .extract import pipeline_events
     from .kernel import _fs, _read_key
@@ -426,16 +436,18 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     def block_rows(block: Block):
         fs = _fs(opts)
         parts = []
-        owned = 0
+        counted = malformed = filtered = 0  # of the fresh files the block owns
+        letters = []
         records: dict[str, list[pa.Table]] = {}  # input -> its rows as read (for joins): columns + _key, _t
         for name, p, key in block.reads:
             t = _read_key(fs, bucket, key, None, [])
             chunk = None
+            counts = key in block.owns and key in plan.fresh
             if name in passed and joins_only:
                 # Records the generated pipeline accepted with this input's checks, key and filter
                 # (expand.py): each is an event as it is, at its time, under its key; only their
                 # columns are needed, not a second reading of every line (extract.py).
-                owned += t.num_rows if key in block.owns else 0
+                counted += t.num_rows if counts else 0
                 time = pc.subtract(t["window_end"], 1)  # pyright: ignore[reportAttributeAccessIssue]
                 fields = _record_fields(t["record"]).append_column(WINDOW_TIME, time)
                 records.setdefault(name, []).append(
@@ -450,7 +462,14 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
                 t = t.append_column(WINDOW_TIME, pc.subtract(t["window_end"], 1))  # pyright: ignore[reportAttributeAccessIssue]
             ev = pipeline_events(readers[name], chunk if chunk is not None else records_chunk_of(t), _FAR)
             good = ev.filter(pc.is_null(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
-            owned += good.num_rows if key in block.owns else 0
+            if counts:
+                aside = ev.filter(pc.is_valid(ev[ERR]))  # pyright: ignore[reportAttributeAccessIssue]
+                bad = aside.filter(pc.not_equal(aside[ERR], FILTERED))  # pyright: ignore[reportAttributeAccessIssue]
+                counted += good.num_rows
+                malformed += bad.num_rows
+                filtered += aside.num_rows - bad.num_rows
+                if bad.num_rows:
+                    letters.append(_letters(bad, name, p))
             if joins:
                 rows = t.take(good[ROW]).append_column(JOIN_KEY, good[KEY]).append_column(JOIN_T, good[TIME])
                 records.setdefault(name, []).append(rows)
@@ -466,7 +485,10 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         )
         for w in joins:
             out[("out", w.name)] = join_rows(w, records)
-        keep = {("n", ""): pa.table({"n": pa.array([owned], pa.int64())})}
+        n = (counted, malformed, filtered)
+        keep = {("n", ""): pa.table({c: pa.array([v], pa.int64()) for c, v in zip(_COUNTS, n, strict=True)})}
+        if letters:
+            keep[("dead", "")] = pa.concat_tables(letters)
         for w in spec.windows:
             rows = out.get(("out", w.name))
             if rows is not None and rows.num_rows:
@@ -478,11 +500,15 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         yield from pack(keep).to_batches()
 
     if not blocks:
-        return {}, 0
+        return Computed({}, (0, 0, 0), {})
     n_blocks = len(blocks)
     packed = spark.range(0, n_blocks, 1, n_blocks).mapInArrow(task, PACKED_DDL).toArrow()
     tables = unpack(packed)[0]
-    n = sum(t["n"][0].as_py() for t in tables.get(("n", ""), []))
+    ns = tables.get(("n", ""), [])
+    found = tuple(sum(t[c][0].as_py() for t in ns) for c in _COUNTS)
+    by_part: dict[tuple[str, int], list[pa.Table]] = {}
+    for t in tables.get(("dead", ""), []):
+        by_part.setdefault((t["segment"][0].as_py(), t["chunk"][0].as_py()), []).append(t)
     rows = {}
     for w in spec.windows:
         schema = output_schema(spec, w.name).append(pa.field("retract", pa.bool_()))
@@ -491,7 +517,44 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
             got = [t.select(schema.names).cast(schema) for t in got]
         if got:
             rows[w.name] = pa.concat_tables(got, promote_options="permissive")
-    return rows, n
+    return Computed(rows, (found[0], found[1], found[2]), {k: pa.concat_tables(v) for k, v in by_part.items()})
+
+
+_COUNTS = ("counted", "malformed", "filtered")
+
+
+@dataclass(frozen=True)
+class Computed:
+    """What an epoch's recomputation gives: the computed windows' rows, and of the upstream files
+    new or changed since the epoch before (`Planned.fresh`) the records counted, malformed and
+    filtered, and the dead letters (`kernel.DEAD_LETTER`) of each, by (input, upstream partition)."""
+
+    rows: dict[str, pa.Table]
+    counts: tuple[int, int, int]
+    letters: dict[tuple[str, int], pa.Table]
+
+
+def _letters(bad: pa.Table, name: str, p: int) -> pa.Table:
+    """Dead letters of the records of upstream partition `p` of input `name` that the stage
+    cannot read (`bad`: extract.pipeline_events' rows with a reason): each with its reason, its
+    record's text, its time, and its place: segment = the input, chunk = the upstream partition,
+    row = its row there (the partition's rows in their committed order)."""
+    from .events import ERR, ROW, SRC, TIME
+    from .kernel import DEAD_LETTER
+
+    n = bad.num_rows
+    return pa.table(
+        {
+            "reason": bad[ERR],
+            "window": pa.nulls(n, pa.string()),
+            "event": bad[SRC],
+            "event_time": bad[TIME],
+            "segment": pa.repeat(pa.scalar(name), n),
+            "chunk": pa.repeat(pa.scalar(p, pa.int64()), n),
+            "row": bad[ROW],
+        },
+        schema=DEAD_LETTER,
+    )
 
 
 def record_columns(rows: pa.Table) -> pa.Table:
@@ -665,12 +728,14 @@ def _commit(
     ups: list[Upstream],
     prev: Manifest | None,
     plan: Planned,
-    computed: tuple[dict[str, pa.Table], int] | None,
+    computed: Computed | None,
     run_id: str,
 ) -> Manifest:
     """Replace the computed windows' rows in the partitions they touch (retracting those that no
-    longer have a row), stage the partitions that changed, then prepare and commit the manifest."""
-    rows_by, n = computed if computed is not None else ({}, 0)
+    longer have a row), stage the partitions that changed and the dead letters of the upstream
+    partitions read anew, then prepare and commit the manifest."""
+    got = computed if computed is not None else Computed({}, (0, 0, 0), {})
+    rows_by = got.rows
     fault("before-staging")
     outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
     changed: dict[str, list[int]] = {}
@@ -712,8 +777,16 @@ def _commit(
                 changed.setdefault(name, []).append(p)
     ready = set(became_ready(spec, plan, ups))  # changed too, even if empty; windows in order
     changed = {w.name: sorted(set(changed.get(w.name, [])) | ready) for w in spec.windows if ready or w.name in changed}
+    letters = _stage_letters(cp, run_id, plan, prev, got.letters)
     fault("after-staging")
-    counts = Counts(events_in=n, counted={w.name: n for w in spec.windows}, late={w.name: 0 for w in spec.windows})
+    n, malformed, filtered = got.counts
+    counts = Counts(
+        events_in=n + malformed + filtered,
+        malformed=malformed,
+        filtered=filtered,
+        counted={w.name: n for w in spec.windows},
+        late={w.name: 0 for w in spec.windows},
+    )
     manifest = Manifest(
         pipeline=spec.name,
         epoch=plan.epoch,
@@ -735,9 +808,30 @@ def _commit(
         totals=(prev.totals if prev else Counts()).add(counts),
         replay=list(plan.replay),
         upstream={name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()},
+        upstream_letters=letters,
         created_ms=now_ms(),
     )
     return cp.prepare_and_commit(manifest)
+
+
+def _stage_letters(
+    cp: Checkpoints, run_id: str, plan: Planned, prev: Manifest | None, found: dict[tuple[str, int], pa.Table]
+) -> dict[str, dict[str, FileRef]]:
+    """The dead letters of every upstream partition as the epoch leaves them: those of a partition
+    it read anew (`found`) staged, one file each; a partition's earlier letters kept while its
+    content is the one they were found in (so a recomputation never repeats them, and a late
+    firing upstream replaces them)."""
+    out: dict[str, dict[str, FileRef]] = {}
+    for name, parts in prev.upstream_letters.items() if prev else []:
+        refs = plan.refs.get(name, {})
+        kept = {p: f for p, f in parts.items() if p in refs and refs[p].key not in plan.fresh}
+        if kept:
+            out[name] = kept
+    for (name, p), t in sorted(found.items()):
+        t = t.append_column("epoch", pa.array([plan.epoch] * t.num_rows, pa.int64()))
+        ref = cp.stage(run_id, f"dead_letters/{name}/{p}.parquet", parquet_bytes(t), t.num_rows, plan.epoch)
+        out.setdefault(name, {})[str(p)] = ref
+    return out
 
 
 def _in_partition(spec: Pipeline, rows: pa.Table | None, p: int) -> pa.Table | None:

@@ -107,6 +107,9 @@ class Manifest(BaseModel):
     # A pipeline of derived streams (derived.py): per input, the sha256 of each partition of the
     # upstream window it has read (its remap is the upstream's committed epoch per input).
     upstream: dict[str, dict[str, str]] = {}
+    # ... and per input, per upstream partition, the dead letters of its content as this pipeline
+    # reads it (records its checks refuse), until that partition's content changes.
+    upstream_letters: dict[str, dict[str, FileRef]] = {}
     # A pipeline of computations (computestage.py): per computation, the epoch's counters (records
     # delivered, timers fired, errors, produced, state keys) and its output watermark.
     computed: dict[str, dict[str, int]] = {}
@@ -124,6 +127,7 @@ class Manifest(BaseModel):
     def files(self) -> list[FileRef]:
         out = [f for parts in self.outputs.values() for f in parts.values()]
         out += list(self.state.values()) + list(self.dead_letters)
+        out += [f for parts in self.upstream_letters.values() for f in parts.values()]
         if self.ids:
             out.append(self.ids)
         return out

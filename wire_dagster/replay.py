@@ -89,6 +89,7 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
             dead_letters=target.dead_letters,
             totals=target.totals,
             upstream=target.upstream,
+            upstream_letters=target.upstream_letters,
         )
     changed = {}
     for w in spec.windows:

@@ -86,13 +86,18 @@ def read_dead_letters(store: ObjectStore, spec: Pipeline) -> list[dict]:
         if c.source
     }
     m = Checkpoints(store, spec.name).latest()
-    for ref in m.dead_letters if m else []:
+    # a derived input's: its stream is the window it reads (`pipeline.window`), its segment the
+    # input, its chunk the upstream partition
+    read = {i.name: f"{i.pipeline}.{i.output}" for i in spec.derived}
+    refs = [(spec.stream, ref) for ref in m.dead_letters] if m else []
+    refs += [(read.get(i, i), ref) for i, parts in (m.upstream_letters.items() if m else []) for ref in parts.values()]
+    for stream, ref in refs:
         for r in pq.read_table(io.BytesIO(store.get(ref.key))).to_pylist():
             out.append(
                 {
                     "reason": r["reason"],
                     "record": r["event"],
-                    "stream": spec.stream,
+                    "stream": stream,
                     "segment": r["segment"],
                     "chunk": r["chunk"],
                     "row": r["row"],

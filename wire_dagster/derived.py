@@ -515,8 +515,8 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         got = tables.get(("out", w.name), [])
         if w.type != "join":  # a join's columns keep their inputs' types
             got = [t.select(schema.names).cast(schema) for t in got]
-        if got:
-            rows[w.name] = pa.concat_tables(got, promote_options="permissive")
+        if got:  # a join's from several tasks: typed as one (its columns' types are the records')
+            rows[w.name] = typed_as_one(got)
     return Computed(rows, (found[0], found[1], found[2]), {k: pa.concat_tables(v) for k, v in by_part.items()})
 
 
@@ -662,6 +662,56 @@ def _json_column(vals: list) -> pa.Array:
     return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals], pa.string())
 
 
+def typed_as_one(parts: list[pa.Table]) -> pa.Table:
+    """Tables of records whose fields were typed part by part (a file, a task: `_record_fields`)
+    as one table, each field typed as if the records were read at once (`_json_column`'s rule over
+    every part): numeric where a part's is (int64 where every part's is a signed integer, else
+    double; the field's values in other parts then null), boolean where every part's is, else
+    text (a value that is no string as its JSON text). So a file whose `amount`s are all text
+    joins with files of numbers, never an error on every retry."""
+    if len(parts) == 1:
+        return parts[0]
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in parts:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    target = {name: _one_type(ts) for name, ts in kinds.items() if len(ts) > 1}
+    if target:
+        parts = [_cast_fields(t, target) for t in parts]
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _numeric(typ: pa.DataType) -> bool:
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ)
+
+
+def _one_type(types: set[pa.DataType]) -> pa.DataType:
+    numbers = [t for t in types if _numeric(t)]
+    if numbers:
+        return pa.int64() if all(pa.types.is_signed_integer(t) for t in numbers) else pa.float64()
+    return pa.string()  # several types, none a number (booleans alone are one type)
+
+
+def _cast_fields(t: pa.Table, target: dict[str, pa.DataType]) -> pa.Table:
+    import json
+
+    for name, typ in target.items():
+        if name not in t.column_names or t.schema.field(name).type == typ:
+            continue
+        col = t[name].combine_chunks()
+        if _numeric(typ):
+            new = col.cast(typ) if _numeric(col.type) or pa.types.is_null(col.type) else pa.nulls(len(col), typ)
+        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type):
+            new = col.cast(typ)
+        elif pa.types.is_boolean(col.type):
+            new = pc.if_else(col, "true", "false")  # pyright: ignore[reportAttributeAccessIssue]
+        else:  # a list or an object: its JSON text
+            new = pa.array([None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string())
+        t = t.set_column(t.schema.get_field_index(name), name, new)
+    return t
+
+
 def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
     """A windowed join (DESIGN §4): every pair of a `left` and a `right` record with equal keys
     (null keys equal) in the same tumbling or sliding window for which `where` holds, as the `select`
@@ -688,7 +738,7 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
             parts = records.get(inp or "", [])
             if not parts:
                 return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
-            t = pa.concat_tables(parts, promote_options="permissive")
+            t = typed_as_one(parts)
             for field in sorted(named[side] - set(t.column_names)):
                 t = t.append_column(field, pa.nulls(t.num_rows))
             con.register(names[side], t)

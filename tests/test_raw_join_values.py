@@ -25,11 +25,13 @@ from cli_setup import pipeline_env
 from commit_scenario import subprocess_env, wire
 from test_raw_joins import CLICKS, COMMON, JOINED, T0, _write
 from wire_dagster import results
+from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.derived import JOIN_KEY, JOIN_T, _record_fields, join_rows, typed_as_one
 from wire_dagster.duck import duckdb_connection
 from wire_dagster.errors import one_line, worker_cause
 from wire_dagster.extract import _json_typed
 from wire_dagster.spec import load_all
+from wire_dagster.timeutil import INF
 
 #: The clicks' `amount` as their JSON lines write it, and as the join reads it (numbers win).
 MIXED = {
@@ -188,6 +190,70 @@ def test_poison_values_never_stop_a_join_and_a_text_field_is_one_line_then_typed
     wire(["tick", "--pipeline", "joined_text", "--upstream"], env)
     got, want = _joined(store, pdir, "joined_text"), _kept(TEXT)
     assert want and _same(got, want), (got, want)
+
+
+def _lines(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_task_of_text_alone_reads_it_as_the_numbers_other_tasks_and_epochs_read(
+    store, cli_env, spark_remote, tmp_path: Path
+) -> None:
+    """A join's tasks (here one per upstream file: WIRE_DERIVED_BLOCK_FILES=1) type their records
+    by themselves; a task whose only `amount` is text (`"40"`, the one click of its minute) cannot
+    take `left.amount > 10`. It is run again with the types the other tasks of the epoch read
+    (numbers), and a later epoch whose records hold only text reads them with the types the
+    stage's earlier epochs read (`Manifest.join_numbers`): the text is null, never an error that
+    stops the stage on every retry. Both ticks failed with exit 2 before."""
+    (_, env, pdir, _) = pipeline_env(tmp_path, subprocess_env(cli_env, spark_remote), {**COMMON, **STAGE})
+    env = {**env, "WIRE_DERIVED_BLOCK_FILES": "1"}
+    minute = 60_000
+
+    def click(eid: str, t: int, **amount) -> dict:
+        return {"ts": T0 + t, "eid": eid, "user": "u", **amount}
+
+    def view(vid: str, t: int) -> dict:
+        return {"ts": T0 + t, "vid": vid, "user": "u", "page": "p"}
+
+    # epoch 1: numbers in minute 0, a text amount alone in minute 3, a click without one in minute 6
+    # (and a view: the stage's W is its inputs' least)
+    clicks = [click("c0", 100, amount=20), click("c1", 200, amount=5), click("c2", 300, amount=30)]
+    clicks += [click("c-text", 3 * minute + 100, amount="40"), click("c-none", 6 * minute)]
+    wire(["produce", "--stream", "clicks", "--file", _lines(tmp_path / "c1.jsonl", clicks)], env)
+    views = [view("v0", 200), view("v3", 3 * minute + 200), view("v6", 6 * minute)]
+    wire(["produce", "--stream", "views", "--file", _lines(tmp_path / "v1.jsonl", views)], env)
+    wire(["tick", "--pipeline", "joined", "--upstream"], env)
+    spec = next(s for s in load_all(pdir) if s.name == "joined")
+    m = Checkpoints(store, "joined").latest()
+    assert m is not None and m.watermark > T0 + 3 * minute + 10_000  # minute 3's window fired
+    assert m.join_numbers["clicks"]["amount"] == "int64"
+    pairs = sorted((r["eid"], r["vid"]) for r in results.read_results(store, spec, "tumble").to_pylist())
+    assert pairs == [("c0", "v0"), ("c2", "v0")]
+
+    # epoch 2 reads minute 6 (no amount) and minute 30 (text alone): the earlier epoch's numbers
+    wire(
+        [
+            "produce",
+            "--stream",
+            "clicks",
+            "--file",
+            _lines(tmp_path / "c2.jsonl", [click("c30", 30 * minute, amount="50")]),
+        ],
+        env,
+    )
+    wire(
+        ["produce", "--stream", "views", "--file", _lines(tmp_path / "v2.jsonl", [view("v30", 30 * minute + 100)])], env
+    )
+    for stream in ("clicks", "views"):
+        wire(["close", "--stream", stream], env)
+    wire(["tick", "--pipeline", "joined", "--upstream"], env)
+    m = Checkpoints(store, "joined").latest()
+    assert m is not None and m.watermark == INF
+    pairs = sorted((r["eid"], r["vid"]) for r in results.read_results(store, spec, "tumble").to_pylist())
+    assert pairs == [("c0", "v0"), ("c2", "v0")]
+    plain = [r for r in results.read_results(store, spec, "tumble").to_pylist() if r["eid"] == "c0"]
+    assert [r["amount"] for r in plain] == [20]
 
 
 def test_a_join_over_records_without_a_field_it_names_pairs_them_with_null(tmp_path: Path) -> None:

@@ -301,7 +301,7 @@ def process(
         computed = None
         if _needs_compute(plan):
             spark = started_session(spark)  # in the caller's thread (see `started_session`)
-            computed = _compute(store, spec, ups, plan, spark)
+            computed = _compute(store, spec, ups, plan, spark, prev.join_numbers if prev else None)
         m = _commit(store, cp, spec, ups, prev, plan, computed, run_id or new_run_id())
         run_id = None
         out.took(m)
@@ -349,7 +349,7 @@ def recompute(
     # every window of the partitions asked (they overlap the partitions' time) that W has passed
     ranges = [(p, p + spec.partition) for p in sorted(set(partitions_))]
     plan = Planned(latest.epoch, dict(latest.remap), refs, wms, latest.watermark, latest.watermark, ranges, ())
-    rows = _compute(store, spec, ups, plan, started_session(spark)).rows
+    rows = _compute(store, spec, ups, plan, started_session(spark), latest.join_numbers).rows
     for w in spec.windows:
         for p in contents[w.name]:
             mine = _in_partition(spec, rows.get(w.name), p)
@@ -405,10 +405,17 @@ class Block:
     owns: list[str]  # the keys whose records this block counts
 
 
-def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Planned, spark):
+def _compute(
+    store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Planned, spark, numbers: FieldTypes | None = None
+) -> Computed:
     """The computed windows' rows, per window, from Spark tasks that read the upstream files
     (their records as the pipeline reads them) and aggregate them with the kernel's code; one
-    task per block of event time (`_blocks`), one task in all for a few files."""
+    task per block of event time (`_blocks`), one task in all for a few files.
+
+    A join's fields are typed over every record the stage has read (`numbers`: the fields read
+    as numbers by earlier epochs, then every task's of this one): a task whose records of a field
+    are all text where the join needs a number (`JoinTypeError`) is run again with the types the
+    other tasks found; only a field no record ever held a number for is the one-line error."""
     from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
     from .events import ERR, FILTERED, KEY, ROW, TIME, chunk_schema
     from .expand import is_generated
@@ -428,12 +435,14 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
     joins = [w for w in spec.windows if w.type == "join"]
     joins_only = bool(joins) and not aggregating.windows  # a raw input's records need no event columns
 
+    known = dict(numbers or {})
+
     def task(batches):
         for b in batches:  # the driving rows: block numbers
             for i in b.column("id").to_pylist():
-                yield from block_rows(blocks[i])
+                yield from block_rows(i, blocks[i], known)
 
-    def block_rows(block: Block):
+    def block_rows(i: int, block: Block, known: FieldTypes):
         fs = _fs(opts)
         parts = []
         counted = malformed = filtered = 0  # of the fresh files the block owns
@@ -483,10 +492,17 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
             if aggregating.windows
             else {}
         )
-        for w in joins:
-            out[("out", w.name)] = join_rows(w, records)
+        numeric = _numeric_fields(records)
+        try:
+            for w in joins:
+                out[("out", w.name)] = join_rows(w, records, known)
+        except JoinTypeError as e:  # the block again, with the types the other tasks find
+            yield from pack({("unbound", ""): pa.table({"block": [i], "why": [str(e)]})}).to_batches()
+            return
         n = (counted, malformed, filtered)
         keep = {("n", ""): pa.table({c: pa.array([v], pa.int64()) for c, v in zip(_COUNTS, n, strict=True)})}
+        if numeric:
+            keep[("numbers", "")] = _numbers_table(numeric)
         if letters:
             keep[("dead", "")] = pa.concat_tables(letters)
         for w in spec.windows:
@@ -500,10 +516,26 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
         yield from pack(keep).to_batches()
 
     if not blocks:
-        return Computed({}, (0, 0, 0), {})
-    n_blocks = len(blocks)
-    packed = spark.range(0, n_blocks, 1, n_blocks).mapInArrow(task, PACKED_DDL).toArrow()
-    tables = unpack(packed)[0]
+        return Computed({}, (0, 0, 0), {}, known)
+
+    def run(which: list[int]) -> dict[tuple[str, str], list[pa.Table]]:
+        """One Spark task per block of `which`."""
+        if which == list(range(len(blocks))):
+            ids = spark.range(0, len(blocks), 1, len(blocks))
+        else:
+            ids = spark.createDataFrame([(i,) for i in which], "id long").repartition(len(which))
+        return unpack(ids.mapInArrow(task, PACKED_DDL).toArrow())[0]
+
+    tables = run(list(range(len(blocks))))
+    for t in tables.get(("numbers", ""), []):
+        known = _merge_numbers(known, t)
+    unbound = tables.pop(("unbound", ""), [])
+    if unbound:  # those blocks again, knowing what every task read as numbers
+        again = run(sorted(t["block"][0].as_py() for t in unbound))
+        if ("unbound", "") in again:
+            raise WireInputError(again[("unbound", "")][0]["why"][0].as_py())
+        for k, v in again.items():
+            tables.setdefault(k, []).extend(v)
     ns = tables.get(("n", ""), [])
     found = tuple(sum(t[c][0].as_py() for t in ns) for c in _COUNTS)
     by_part: dict[tuple[str, int], list[pa.Table]] = {}
@@ -517,7 +549,48 @@ def _compute(store: ObjectStore, spec: Pipeline, ups: list[Upstream], plan: Plan
             got = [t.select(schema.names).cast(schema) for t in got]
         if got:  # a join's from several tasks: typed as one (its columns' types are the records')
             rows[w.name] = typed_as_one(got)
-    return Computed(rows, (found[0], found[1], found[2]), {k: pa.concat_tables(v) for k, v in by_part.items()})
+    letters = {k: pa.concat_tables(v) for k, v in by_part.items()}
+    return Computed(rows, (found[0], found[1], found[2]), letters, known)
+
+
+#: Per input of a join, the fields read as numbers (int64 or double) so far.
+FieldTypes = dict[str, dict[str, str]]
+
+
+def _numeric_fields(records: dict[str, list[pa.Table]]) -> FieldTypes:
+    """The record fields each input's parts hold as numbers (not the join's own columns)."""
+    out: FieldTypes = {}
+    for name, parts in records.items():
+        for t in parts:
+            for f in t.schema:
+                if _numeric(f.type) and f.name not in (JOIN_KEY, JOIN_T, WINDOW_TIME):
+                    typ = str(_one_type({f.type, *_types(out.get(name, {}).get(f.name))}))
+                    out.setdefault(name, {})[f.name] = typ
+    return out
+
+
+def _types(name: str | None) -> set[pa.DataType]:
+    return {pa.type_for_alias(name)} if name else set()
+
+
+def _numbers_table(found: FieldTypes) -> pa.Table:
+    rows = [(i, f, typ) for i, fields in sorted(found.items()) for f, typ in sorted(fields.items())]
+    return pa.table({c: [r[n] for r in rows] for n, c in enumerate(("input", "field", "type"))})
+
+
+def _merge_numbers(known: FieldTypes, t: pa.Table | FieldTypes) -> FieldTypes:
+    """`known` and the numeric fields of `t` (a task's `_numbers_table`, or types): int64 and
+    double give double."""
+    more = t if isinstance(t, dict) else {}
+    if not isinstance(t, dict):
+        for i, f, typ in zip(*(t[c].to_pylist() for c in ("input", "field", "type")), strict=True):
+            more.setdefault(i, {})[f] = typ
+    out = {i: dict(fs) for i, fs in known.items()}
+    for i, fields in more.items():
+        mine = out.setdefault(i, {})
+        for f, typ in fields.items():
+            mine[f] = str(_one_type(_types(typ) | _types(mine.get(f))))
+    return out
 
 
 _COUNTS = ("counted", "malformed", "filtered")
@@ -527,11 +600,13 @@ _COUNTS = ("counted", "malformed", "filtered")
 class Computed:
     """What an epoch's recomputation gives: the computed windows' rows, and of the upstream files
     new or changed since the epoch before (`Planned.fresh`) the records counted, malformed and
-    filtered, and the dead letters (`kernel.DEAD_LETTER`) of each, by (input, upstream partition)."""
+    filtered, and the dead letters (`kernel.DEAD_LETTER`) of each, by (input, upstream partition);
+    and the fields a join has read as numbers."""
 
     rows: dict[str, pa.Table]
     counts: tuple[int, int, int]
     letters: dict[tuple[str, int], pa.Table]
+    numbers: FieldTypes  # the joins' fields read as numbers, by this epoch and those before
 
 
 def _letters(bad: pa.Table, name: str, p: int) -> pa.Table:
@@ -712,7 +787,11 @@ def _cast_fields(t: pa.Table, target: dict[str, pa.DataType]) -> pa.Table:
     return t
 
 
-def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
+class JoinTypeError(WireInputError):
+    """A join's expression does not bind to its records' types (a field read as text)."""
+
+
+def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]], numbers: FieldTypes | None = None) -> pa.Table:
     """A windowed join (DESIGN §4): every pair of a `left` and a `right` record with equal keys
     (null keys equal) in the same tumbling or sliding window for which `where` holds, as the `select`
     columns, with `key`, `window_start`, `window_end` and `retract` (false). DuckDB, over the
@@ -738,6 +817,9 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
             parts = records.get(inp or "", [])
             if not parts:
                 return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
+            typed = (numbers or {}).get(inp or "", {})
+            if typed:  # fields read as numbers elsewhere are numbers here too (numbers win)
+                parts = [pa.schema([(f, pa.type_for_alias(x)) for f, x in typed.items()]).empty_table(), *parts]
             t = typed_as_one(parts)
             for field in sorted(named[side] - set(t.column_names)):
                 t = t.append_column(field, pa.nulls(t.num_rows))
@@ -761,7 +843,7 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]]) -> pa.Table:
             # A field none of whose records (those this task read) holds a number is text
             # (`_json_column`: numbers win where there are any), which `where` or `select` may not take.
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-            raise WireInputError(
+            raise JoinTypeError(
                 f"join {w.name}: {first}; a field whose records hold no number reads as text: "
                 f"give it one type in the stage's fields (as amount: TRY_CAST(amount AS DOUBLE)), then wire backfill "
                 f"the stage"
@@ -784,7 +866,7 @@ def _commit(
     """Replace the computed windows' rows in the partitions they touch (retracting those that no
     longer have a row), stage the partitions that changed and the dead letters of the upstream
     partitions read anew, then prepare and commit the manifest."""
-    got = computed if computed is not None else Computed({}, (0, 0, 0), {})
+    got = computed if computed is not None else Computed({}, (0, 0, 0), {}, prev.join_numbers if prev else {})
     rows_by = got.rows
     fault("before-staging")
     outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
@@ -859,6 +941,7 @@ def _commit(
         replay=list(plan.replay),
         upstream={name: {p: r.sha256 for p, r in refs.items()} for name, refs in plan.refs.items()},
         upstream_letters=letters,
+        join_numbers=got.numbers,
         created_ms=now_ms(),
     )
     return cp.prepare_and_commit(manifest)

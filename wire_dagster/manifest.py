@@ -110,6 +110,9 @@ class Manifest(BaseModel):
     # ... and per input, per upstream partition, the dead letters of its content as this pipeline
     # reads it (records its checks refuse), until that partition's content changes.
     upstream_letters: dict[str, dict[str, FileRef]] = {}
+    # ... and per input of its joins, the record fields read as numbers so far ("int64", "double"):
+    # numbers win across epochs as within one, so a later epoch's text values there are null.
+    join_numbers: dict[str, dict[str, str]] = {}
     # A pipeline of computations (computestage.py): per computation, the epoch's counters (records
     # delivered, timers fired, errors, produced, state keys) and its output watermark.
     computed: dict[str, dict[str, int]] = {}

@@ -90,6 +90,7 @@ def rewind(store: ObjectStore, spec: Pipeline, epoch: int, run_id: str | None = 
             totals=target.totals,
             upstream=target.upstream,
             upstream_letters=target.upstream_letters,
+            join_numbers=target.join_numbers,
         )
     changed = {}
     for w in spec.windows:

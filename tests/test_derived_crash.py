@@ -3,8 +3,9 @@ pipeline's window, killed between the upstream's commit and its own run — at t
 points of its commit, and by kill -9 at random moments — then restarted. Right after the crash
 readers see a whole epoch (every committed marker names an intact manifest); after the restart
 the stage's results equal the composition of the upstream's final rows (nothing lost, nothing
-twice), its remap names the upstream's epoch, its published output is what its manifest names,
-and the bytes it commits are the same whatever the crash.
+twice; an upstream row past the value domain a dead letter, once), its remap names the
+upstream's epoch, its published output is what its manifest names, and the bytes it commits
+are the same whatever the crash.
 
     batch 1 ─ up: epoch 1 ─ down: epoch 1
     batch 2 (later events, and a late one for an upstream window that already fired)
@@ -74,6 +75,8 @@ def _batch(lo: int, n: int, late: bool) -> list[dict]:
     rows = [{"ts": T0 + (lo + i) * 1_500, "eid": f"e{lo + i}", "user": f"u{i % 4}", "amount": i} for i in range(n)]
     if late:  # an upstream window that fired in epoch 1 fires again in epoch 2
         rows.append({"ts": T0 + 5_000, "eid": "late", "user": "u0", "amount": 1_000})
+        # and one whose sum (3 * 2^52) is past the domain the stage's sum(total) reads: a dead letter
+        rows += [{"ts": T0 + 150_000 + i, "eid": f"big{i}", "user": "big", "amount": 2**52} for i in range(3)]
     return rows
 
 
@@ -109,8 +112,13 @@ def _fresh(template, s3_server, cli_env_module, spark_remote):
 
 
 def _composition(st: ObjectStore, up, down) -> None:
-    """The stage's results equal its windows over the upstream's committed rows, and it is in sync."""
+    """The stage's results equal its windows over the upstream's committed rows within the value
+    domain, its dead letters are those past it, each once, and it is in sync."""
     rows = results.read_results(st, up, "per_10s").to_pylist()
+    past = sorted((r["key"], r["window_start"]) for r in rows if abs(r["total"]) > 2**53)
+    letters = [json.loads(d["record"]) for d in results.read_dead_letters(st, down)]
+    assert past and sorted((r["key"], r["window_start"]) for r in letters) == past
+    rows = [r for r in rows if abs(r["total"]) <= 2**53]
     evs = [
         {
             "_t": r["window_end"] - 1,

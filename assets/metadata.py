@@ -131,7 +131,7 @@ def dead_letter_metadata(report: dict, m: Manifest | None, chart: dict) -> dict:
     if m is not None:
         md["epoch_counts"] = dg.MetadataValue.json({"epoch": m.epoch, **counts_json(m.counts)})
         md["total_counts"] = dg.MetadataValue.json({"since": "epoch 0", **counts_json(m.totals)})
-        md["dead_letter_files"] = dg.MetadataValue.int(len(m.dead_letters))
+        md["dead_letter_files"] = dg.MetadataValue.int(len(m.letter_files()))
     md.update(chart)
     return md
 

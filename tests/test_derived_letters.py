@@ -123,6 +123,9 @@ def test_a_derived_stage_letters_what_it_cannot_read_once_each(
         assert (d["stream"], d["segment"]) == ("up.per_10s", "sums")
         rows = sorted(ordered[d["chunk"]], key=lambda r: (r["key"], r["window_start"]))
         assert _ident(rows[d["row"]]) == _ident(rec)
+    m = Checkpoints(store, "down").latest()
+    holding = {partitions.of_window(up, r["window_end"]) for r in final if abs(r["total"]) > BOUND}
+    assert m is not None and len(m.letter_files()) == len(holding)  # a file per upstream partition with letters
     now = {_lettered(d) for d in letters}
     assert seen - now, "no late firing upstream replaced a lettered row: the test proves nothing"
 

@@ -127,10 +127,14 @@ class Manifest(BaseModel):
         marks = [int(v.get("output_watermark", self.watermark)) for v in self.computed.values()]
         return min(marks, default=self.watermark)
 
+    def letter_files(self) -> list[FileRef]:
+        """Every dead-letter file the epoch names: its timeline's, then a derived stage's per input
+        and upstream partition."""
+        return [*self.dead_letters, *(f for parts in self.upstream_letters.values() for f in parts.values())]
+
     def files(self) -> list[FileRef]:
         out = [f for parts in self.outputs.values() for f in parts.values()]
-        out += list(self.state.values()) + list(self.dead_letters)
-        out += [f for parts in self.upstream_letters.values() for f in parts.values()]
+        out += list(self.state.values()) + self.letter_files()
         if self.ids:
             out.append(self.ids)
         return out

@@ -42,6 +42,15 @@ from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
+from .recordtypes import (
+    FieldTypes,
+    empty_of,
+    merge_numbers,
+    numbers_table,
+    numeric_fields,
+    record_fields,
+    typed_as_one,
+)
 from .results import output_schema, read_file
 from .spec import WINDOW_TIME, Input, Pipeline, WindowSpec, find_pipeline, pipelines_dir
 from .timeutil import INF, NEG_INF, now_ms
@@ -492,7 +501,7 @@ def _compute(
             if aggregating.windows
             else {}
         )
-        numeric = _numeric_fields(records)
+        numeric = numeric_fields(records, skip=(JOIN_KEY, JOIN_T, WINDOW_TIME))
         try:
             for w in joins:
                 out[("out", w.name)] = join_rows(w, records, known)
@@ -502,7 +511,7 @@ def _compute(
         n = (counted, malformed, filtered)
         keep = {("n", ""): pa.table({c: pa.array([v], pa.int64()) for c, v in zip(_COUNTS, n, strict=True)})}
         if numeric:
-            keep[("numbers", "")] = _numbers_table(numeric)
+            keep[("numbers", "")] = numbers_table(numeric)
         if letters:
             keep[("dead", "")] = pa.concat_tables(letters)
         for w in spec.windows:
@@ -528,7 +537,7 @@ def _compute(
 
     tables = run(list(range(len(blocks))))
     for t in tables.get(("numbers", ""), []):
-        known = _merge_numbers(known, t)
+        known = merge_numbers(known, t)
     unbound = tables.pop(("unbound", ""), [])
     if unbound:  # those blocks again, knowing what every task read as numbers
         again = run(sorted(t["block"][0].as_py() for t in unbound))
@@ -551,46 +560,6 @@ def _compute(
             rows[w.name] = typed_as_one(got)
     letters = {k: pa.concat_tables(v) for k, v in by_part.items()}
     return Computed(rows, (found[0], found[1], found[2]), letters, known)
-
-
-#: Per input of a join, the fields read as numbers (int64 or double) so far.
-FieldTypes = dict[str, dict[str, str]]
-
-
-def _numeric_fields(records: dict[str, list[pa.Table]]) -> FieldTypes:
-    """The record fields each input's parts hold as numbers (not the join's own columns)."""
-    out: FieldTypes = {}
-    for name, parts in records.items():
-        for t in parts:
-            for f in t.schema:
-                if _numeric(f.type) and f.name not in (JOIN_KEY, JOIN_T, WINDOW_TIME):
-                    typ = str(_one_type({f.type, *_types(out.get(name, {}).get(f.name))}))
-                    out.setdefault(name, {})[f.name] = typ
-    return out
-
-
-def _types(name: str | None) -> set[pa.DataType]:
-    return {pa.type_for_alias(name)} if name else set()
-
-
-def _numbers_table(found: FieldTypes) -> pa.Table:
-    rows = [(i, f, typ) for i, fields in sorted(found.items()) for f, typ in sorted(fields.items())]
-    return pa.table({c: [r[n] for r in rows] for n, c in enumerate(("input", "field", "type"))})
-
-
-def _merge_numbers(known: FieldTypes, t: pa.Table | FieldTypes) -> FieldTypes:
-    """`known` and the numeric fields of `t` (a task's `_numbers_table`, or types): int64 and
-    double give double."""
-    more = t if isinstance(t, dict) else {}
-    if not isinstance(t, dict):
-        for i, f, typ in zip(*(t[c].to_pylist() for c in ("input", "field", "type")), strict=True):
-            more.setdefault(i, {})[f] = typ
-    out = {i: dict(fs) for i, fs in known.items()}
-    for i, fields in more.items():
-        mine = out.setdefault(i, {})
-        for f, typ in fields.items():
-            mine[f] = str(_one_type(_types(typ) | _types(mine.get(f))))
-    return out
 
 
 _COUNTS = ("counted", "malformed", "filtered")
@@ -661,7 +630,7 @@ def passed_records(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
     - as a table of the records' fields and `window_time`, the columns a join selects from:
       values keep their JSON types (text stays text, where the JSON reader would make ISO-8601
       text a timestamp); a field whose values have several JSON types is typed as a stream's
-      JSON lines are (`_json_column`: numbers win, the other values null).
+      JSON lines are (recordtypes.py: numbers win, the other values null).
 
     The output's own columns (key, window, id, record) are not the record's: a raw field may
     bear one of their names (NEXMark's `id`)."""
@@ -687,104 +656,9 @@ def passed_records(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 
 def _record_fields(texts: pa.ChunkedArray) -> pa.Table:
-    """JSON objects as columns of their JSON types (see `passed_records`)."""
-    import io
-    import json
-
-    import pyarrow.json as pj
-
-    if not len(texts):
-        return pa.table({})
-    one = texts.combine_chunks().cast(pa.large_string())
-    whole = pa.LargeListArray.from_arrays(pa.array([0, len(one)], pa.int64()), one)  # one list of every text
-    lines = pc.binary_join(whole, pa.scalar("\n", pa.large_string()))  # pyright: ignore[reportAttributeAccessIssue]
-    data = io.BytesIO(lines[0].as_buffer())
-    try:
-        fields = pj.read_json(data)
-        stamps = [f for f in fields.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
-        if stamps:  # read again with those fields as text
-            data.seek(0)
-            explicit = pa.schema([pa.field(f.name, pa.string()) for f in stamps])
-            opts = pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior="infer")
-            fields = pj.read_json(data, parse_options=opts)
-    except pa.ArrowInvalid:  # a field of several JSON types, or NaN: column by column, in Python
-        recs = [json.loads(x) for x in texts.to_pylist()]
-        names = list(dict.fromkeys(k for r in recs for k in r))
-        fields = pa.table({k: _json_column([r.get(k) for r in recs]) for k in names})
+    """Records' texts as columns (recordtypes.record_fields), without a `window_time` of theirs."""
+    fields = record_fields(texts)
     return fields.drop_columns([c for c in fields.column_names if c == WINDOW_TIME])
-
-
-def _json_column(vals: list) -> pa.Array:
-    """One field's JSON values as one column, by the rule of a stream's JSON lines
-    (`extract._json_typed`): numbers where any value is one (int64 where all those are integers
-    that fit, else double; a value of another type is then null), booleans where all are, else
-    text (a value that is no string as its JSON text). So `left.price > 100` compares numbers
-    whenever the records carry numbers, whatever else a few of them carry."""
-    import json
-
-    def number(v) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
-
-    present = [v for v in vals if v is not None]
-    if any(number(v) for v in present):
-        ints = all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in present if number(v))
-        typ = pa.int64() if ints else pa.float64()
-        return pa.array([(v if ints else float(v)) if number(v) else None for v in vals], typ)
-    if present and all(isinstance(v, bool) for v in present):
-        return pa.array(vals, pa.bool_())
-    if not present:
-        return pa.nulls(len(vals))
-    return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals], pa.string())
-
-
-def typed_as_one(parts: list[pa.Table]) -> pa.Table:
-    """Tables of records whose fields were typed part by part (a file, a task: `_record_fields`)
-    as one table, each field typed as if the records were read at once (`_json_column`'s rule over
-    every part): numeric where a part's is (int64 where every part's is a signed integer, else
-    double; the field's values in other parts then null), boolean where every part's is, else
-    text (a value that is no string as its JSON text). So a file whose `amount`s are all text
-    joins with files of numbers, never an error on every retry."""
-    if len(parts) == 1:
-        return parts[0]
-    kinds: dict[str, set[pa.DataType]] = {}
-    for t in parts:
-        for f in t.schema:
-            if not pa.types.is_null(f.type):
-                kinds.setdefault(f.name, set()).add(f.type)
-    target = {name: _one_type(ts) for name, ts in kinds.items() if len(ts) > 1}
-    if target:
-        parts = [_cast_fields(t, target) for t in parts]
-    return pa.concat_tables(parts, promote_options="permissive")
-
-
-def _numeric(typ: pa.DataType) -> bool:
-    return pa.types.is_integer(typ) or pa.types.is_floating(typ)
-
-
-def _one_type(types: set[pa.DataType]) -> pa.DataType:
-    numbers = [t for t in types if _numeric(t)]
-    if numbers:
-        return pa.int64() if all(pa.types.is_signed_integer(t) for t in numbers) else pa.float64()
-    return pa.string()  # several types, none a number (booleans alone are one type)
-
-
-def _cast_fields(t: pa.Table, target: dict[str, pa.DataType]) -> pa.Table:
-    import json
-
-    for name, typ in target.items():
-        if name not in t.column_names or t.schema.field(name).type == typ:
-            continue
-        col = t[name].combine_chunks()
-        if _numeric(typ):
-            new = col.cast(typ) if _numeric(col.type) or pa.types.is_null(col.type) else pa.nulls(len(col), typ)
-        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type):
-            new = col.cast(typ)
-        elif pa.types.is_boolean(col.type):
-            new = pc.if_else(col, "true", "false")  # pyright: ignore[reportAttributeAccessIssue]
-        else:  # a list or an object: its JSON text
-            new = pa.array([None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string())
-        t = t.set_column(t.schema.get_field_index(name), name, new)
-    return t
 
 
 class JoinTypeError(WireInputError):
@@ -819,7 +693,7 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]], numbers: FieldT
                 return pa.table({"key": pa.array([], pa.string())}).append_column("retract", pa.array([], pa.bool_()))
             typed = (numbers or {}).get(inp or "", {})
             if typed:  # fields read as numbers elsewhere are numbers here too (numbers win)
-                parts = [pa.schema([(f, pa.type_for_alias(x)) for f, x in typed.items()]).empty_table(), *parts]
+                parts = [empty_of(typed), *parts]
             t = typed_as_one(parts)
             for field in sorted(named[side] - set(t.column_names)):
                 t = t.append_column(field, pa.nulls(t.num_rows))
@@ -841,7 +715,7 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]], numbers: FieldT
             return con.sql(sql).to_arrow_table()
         except duckdb.Error as e:
             # A field none of whose records (those this task read) holds a number is text
-            # (`_json_column`: numbers win where there are any), which `where` or `select` may not take.
+            # (recordtypes.py: numbers win where there are any), which `where` or `select` may not take.
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
             raise JoinTypeError(
                 f"join {w.name}: {first}; a field whose records hold no number reads as text: "

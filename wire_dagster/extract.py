@@ -178,26 +178,28 @@ def _len(payload: pa.Table | pa.LargeBinaryArray) -> int:
 
 
 def _json_typed(con, table: str, field: str) -> str:
-    """Field `field` of the JSON lines as one SQL type for the chunk, by the JSON types of its
-    values: a number where any value is one (BIGINT where all those are integers, else DOUBLE;
-    a value of another type is then NULL), BOOLEAN where all are booleans, else text (VARCHAR);
-    an untyped NULL where no record has a value. So `price > 100` compares numbers whenever
-    the records carry numbers, whatever else a few of them carry."""
+    """Field `field` of the JSON lines as one SQL type for the chunk, by the kinds of its values
+    (recordtypes.field_type: numbers win, BIGINT where every number is an integer within int64,
+    else DOUBLE, a value of another kind then NULL; BOOLEAN where all are booleans; else text);
+    an untyped NULL where no record has a value. So `price > 100` compares numbers whenever the
+    records carry numbers, whatever else a few of them carry."""
+    from .recordtypes import DUCKDB_KINDS, OTHER, field_type
+
     path = json_path(field).replace("'", "''")
     kinds = {
-        k
+        DUCKDB_KINDS.get(k, OTHER)
         for (k,) in con.sql(f"SELECT DISTINCT json_type(decode(raw), '{path}') FROM {table}").fetchall()
         if k not in (None, "NULL")
     }
     text = f"json_extract_string(decode(raw), '{path}')"
-    if not kinds:
+    typ = field_type(kinds)
+    if typ is None:
         return "NULL"
-    numbers = kinds & {"BIGINT", "UBIGINT", "DOUBLE"}
-    if numbers:
-        sqltype = "DOUBLE" if "DOUBLE" in numbers else "BIGINT"
-        typ = f"json_type(decode(raw), '{path}')"
-        return f"CASE WHEN {typ} IN ('BIGINT', 'UBIGINT', 'DOUBLE') THEN TRY_CAST({text} AS {sqltype}) END"
-    if kinds == {"BOOLEAN"}:
+    if typ in ("int64", "double"):
+        sqltype = "BIGINT" if typ == "int64" else "DOUBLE"
+        number = f"json_type(decode(raw), '{path}') IN ('BIGINT', 'UBIGINT', 'DOUBLE')"
+        return f"CASE WHEN {number} THEN TRY_CAST({text} AS {sqltype}) END"
+    if typ == "bool":
         return f"TRY_CAST({text} AS BOOLEAN)"
     return text
 

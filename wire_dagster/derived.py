@@ -714,8 +714,10 @@ def join_rows(w: WindowSpec, records: dict[str, list[pa.Table]], numbers: FieldT
         try:
             return con.sql(sql).to_arrow_table()
         except duckdb.Error as e:
-            # A field none of whose records (those this task read) holds a number is text
-            # (recordtypes.py: numbers win where there are any), which `where` or `select` may not take.
+            # A field none of whose records holds a number (of those this task read, unless the
+            # stage read numbers there elsewhere: `numbers`) is text (recordtypes.py: numbers win
+            # where there are any), which `where` or `select` may not take. The caller runs the
+            # task again with the types its other tasks read, or tells this line.
             first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
             raise JoinTypeError(
                 f"join {w.name}: {first}; a field whose records hold no number reads as text: "

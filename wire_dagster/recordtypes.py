@@ -165,14 +165,14 @@ FieldTypes = dict[str, dict[str, str]]
 
 def numeric_fields(records: dict[str, list[pa.Table]], skip: tuple[str, ...] = ()) -> FieldTypes:
     """The fields each input's parts hold as numbers (not those named in `skip`)."""
-    out: FieldTypes = {}
+    kinds: dict[str, dict[str, set[str]]] = {}
     for name, parts in records.items():
         for t in parts:
             for f in t.schema:
                 kind = arrow_kind(f.type)
                 if kind in (INT, DOUBLE) and f.name not in skip:
-                    out = merge_numbers(out, {name: {f.name: "int64" if kind == INT else "double"}})
-    return out
+                    kinds.setdefault(name, {}).setdefault(f.name, set()).add(kind)
+    return {name: {f: field_type(k) or "double" for f, k in fields.items()} for name, fields in kinds.items()}
 
 
 def numbers_table(found: FieldTypes) -> pa.Table:

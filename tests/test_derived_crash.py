@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import uuid
 from dataclasses import replace
 
@@ -30,7 +31,6 @@ from commit_scenario import (
     kill_at_random_moments,
     module_cli_env,
     output_hashes,
-    startup_scale,
     subprocess_env,
     wire,
 )
@@ -170,13 +170,20 @@ def test_a_derived_run_killed_at_random_moments_then_restarted(
     its start to its typical end), then a run to completion."""
     st, env, down, up = _fresh(template, s3_server, cli_env_module, spark_remote)
     rnd = random.Random(int(os.environ.get("WIRE_SEED", "7")))
-    scale = startup_scale(env, "down", factor=4, floor=2.0)
+    # The moments are drawn in the life of an uninterrupted run of the same work, on a copy (as
+    # warm as the killed ones: runs share the server's Spark session).
+    ok = copied_bucket(st, s3_server, "ok-")
+    t0 = time.monotonic()
+    wire(["process", "--pipeline", "down"], dict(env, WIRE_S3_BUCKET=ok.bucket))
+    took = time.monotonic() - t0
 
     def whole_epochs() -> None:
         assert_committed_sound(st, down)
         assert Checkpoints(st, "down").committed() in ([1], [1, 2])
 
-    kills = kill_at_random_moments(["process", "--pipeline", "down"], env, rnd, 3, (0.2, scale), whole_epochs)
+    kills = kill_at_random_moments(
+        ["process", "--pipeline", "down"], env, rnd, 3, (0.1 * took, 0.9 * took), whole_epochs
+    )
     assert kills >= 1  # at least one run died mid-way (the others may have ended first)
     wire(["process", "--pipeline", "down"], env)
     _composition(st, up, down)

@@ -111,6 +111,16 @@ print(json.dumps({"session": s.session_id, "n": s.range(5).count()}))
 s.stop()
 """
 
+#: SHARED with a Python job: the server starts (or reuses) the session's Python daemon.
+SHARED_PYTHON = """
+import json
+from wire_dagster.sparksession import get_spark
+s = get_spark()
+n = s.range(5).mapInArrow(lambda batches: batches, "id long").count()
+print(json.dumps({"session": s.session_id, "n": n}))
+s.stop()
+"""
+
 PRELOAD = """
 from wire_dagster.sparksession import preload_client
 preload_client().join()
@@ -126,6 +136,18 @@ def kernel_workers(jvm: psutil.Process) -> set[int]:
                 if any("duckdb" in m.path for m in w.memory_maps()):
                     out.add(w.pid)
         except psutil.Error:
+            continue
+    return out
+
+
+def python_daemons(jvm: psutil.Process) -> set[int]:
+    """The server's pyspark.daemon processes (one per Spark Connect session that ran Python)."""
+    out = set()
+    for c in jvm.children():
+        try:
+            if "pyspark.daemon" in " ".join(c.cmdline()):
+                out.add(c.pid)
+        except psutil.Error:  # gone, or a zombie, since the listing
             continue
     return out
 
@@ -199,9 +221,27 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         # the session is closed on the server (released by a client outside Wire), clients fall back to
         # sessions of their own.
         shared = shared_session_id(url, home)
-        assert shared is not None and shared_session_id("sc://127.0.0.1:1", home) is None
+        assert shared_session_id("sc://127.0.0.1:1", home) != shared
         runs = [json.loads(python(SHARED, env)) for _ in range(2)]
         assert runs == [{"session": shared, "n": 5}] * 2, runs
+
+        # The clients of any other Spark Connect server (here this one, named by WIRE_SPARK_REMOTE from
+        # another Wire home) share a session too: Spark keeps a session's Python daemon until the server
+        # stops, so a session per run left one more process on the server for every run. Two runs: one
+        # daemon more. Once the server closed it, the next client moves the home's generation on, and
+        # the runs share the next session.
+        other = dict(env, WIRE_HOME=str(tmp_path / "other-home"), WIRE_SPARK_REMOTE=url)
+        theirs = shared_session_id(url, tmp_path / "other-home")
+        assert theirs != shared
+        daemons = python_daemons(jvm)
+        runs = [json.loads(python(SHARED_PYTHON, other)) for _ in range(2)]
+        assert runs == [{"session": theirs, "n": 5}] * 2, runs
+        more = python_daemons(jvm) - daemons
+        assert len(more) == 1, more
+        python(RELEASE.replace("sys.argv[1]", repr(f"{url}/;session_id={theirs}")), other)
+        runs = [json.loads(python(SHARED_PYTHON, other)) for _ in range(2)]
+        following = shared_session_id(url, tmp_path / "other-home")
+        assert following != theirs and runs == [{"session": following, "n": 5}] * 2, runs
         # A process that preloads the client starts the shared session's Python workers, one per core (the
         # server's local[2]), with the kernel's modules imported: Spark stops a worker idle for a minute, and
         # the run's first job would start them again. Spark reuses the workers for its next tasks.
@@ -223,6 +263,22 @@ def test_start_query_reuse_resolve_stop(tmp_path: Path) -> None:
         assert json.loads(python(TARGETS, env))["none"] == ["master", "local[*]"]
     finally:
         server.stop()
+
+
+def test_a_shared_sessions_generation_moves_once_and_keeps_no_url_parameter(tmp_path: Path) -> None:
+    """Clients that find the shared session of another server closed move the home's generation on
+    once (the second finds it moved already and takes the same next id); the record of generations
+    names the server by host and port only, never the URL's parameters (a token)."""
+    from wire_dagster.sparkserver import renew_session_id
+
+    url = "sc://10.0.0.9:15002/;token=SECRET-TOKEN;use_ssl=true"
+    first = shared_session_id(url, tmp_path)
+    assert shared_session_id("sc://10.0.0.9:15002", tmp_path) == first  # the same server
+    nxt = renew_session_id(url, first, tmp_path)
+    assert nxt is not None and nxt != first and renew_session_id(url, first, tmp_path) == nxt
+    assert shared_session_id(url, tmp_path) == nxt != shared_session_id(url, tmp_path / "elsewhere")
+    saved = (tmp_path / "spark" / "remote-sessions.json").read_text()
+    assert json.loads(saved) == {"10.0.0.9:15002": 1} and "SECRET" not in saved
 
 
 def test_failed_starts_say_why_and_leave_nothing(tmp_path: Path) -> None:

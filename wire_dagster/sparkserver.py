@@ -510,24 +510,78 @@ def embedded_url(home: Path | None = None) -> str | None:
     return EmbeddedSpark(Path(home or default_home()) / "spark").running()
 
 
-def shared_session_id(url: str, home: Path | None = None) -> str | None:
-    """The Spark Connect session id every client of the embedded server under `home` shares, when
-    `url` is that server's (None for any other server, or none running), so that each run — a new
-    process under Dagster — reuses the session's Python workers: the server starts Python workers
-    per session (a session's first Python job measured 0.86–1.25 s, the next ones 0.10–0.16 s, and
-    0.12 s for another process attaching to the same session).
+def shared_session_id(url: str, home: Path | None = None) -> str:
+    """The Spark Connect session id every client of `url` from the Wire home `home` (default:
+    WIRE_HOME or the checkout's .wire/) shares, so that each run — a new process under Dagster —
+    reuses the session's Python workers: the server starts Python workers per session (a session's
+    first Python job measured 0.86–1.25 s, the next ones 0.10–0.16 s, and 0.12 s for another
+    process attaching to the same session), and Spark (4.3) keeps a session's Python daemon until
+    the server stops (SPARK-54055), so a session per run would leave one more process on the
+    server for every run.
 
-    A function of the server (its pid and port: a restarted server gets a new id) and of this
-    project's code (the size and modification time of every module of the package, so that Python
-    workers started before an edit are not reused after it)."""
-    import hashlib
+    For the home's embedded server a function of the server (its pid and port: a restarted server
+    gets a new id); for any other server, of its URL, the home and the session's generation there
+    (`renew_session_id`: a server closes an idle session, and a closed id cannot be used again).
+    Both also of this project's code (the size and modification time of every module of the
+    package, so that Python workers started before an edit are not reused after it)."""
     import uuid
 
-    info = EmbeddedSpark(Path(home or default_home()) / "spark").recorded()
-    if info is None or str(info["url"]).rstrip("/") != url.rstrip("/"):
+    base = Path(home or default_home())
+    info = EmbeddedSpark(base / "spark").recorded()
+    if info is not None and str(info["url"]).rstrip("/") == url.rstrip("/"):
+        name = f"wire-spark:{info['pid']}:{info['port']}:{_code_digest()}"
+    else:  # the URL's parameters (a token among them) are no part of it, nor written anywhere
+        gen = _generations(base).get(_server(url), 0)
+        name = f"wire-spark-remote:{_server(url)}:{base.resolve()}:{gen}:{_code_digest()}"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+
+
+def _server(url: str) -> str:
+    """A Spark Connect URL's server: `host:port`."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.split(";", 1)[0])
+    return f"{parts.hostname}:{parts.port or 15002}"
+
+
+def renew_session_id(url: str, closed: str, home: Path | None = None) -> str | None:
+    """The next shared session id of another server's clients after `closed` was closed on the
+    server (None for the embedded server's, which closes none but by a client outside Wire): the
+    home's generation for `url` moves on once, however many clients find it closed together."""
+    base = Path(home or default_home())
+    if shared_session_id(url, base) != closed:
+        return shared_session_id(url, base)  # another client moved it on already
+    info = EmbeddedSpark(base / "spark").recorded()
+    if info is not None and str(info["url"]).rstrip("/") == url.rstrip("/"):
         return None
+    gens = _generations(base)
+    key = _server(url)
+    gens[key] = gens.get(key, 0) + 1
+    path = base / "spark" / _GENERATIONS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(gens, sort_keys=True))
+    os.replace(tmp, path)
+    return shared_session_id(url, base)
+
+
+#: Per Spark Connect server (URL) other than the embedded one, the generation of its shared session.
+_GENERATIONS = "remote-sessions.json"
+
+
+def _generations(home: Path) -> dict[str, int]:
+    try:
+        data = json.loads((home / "spark" / _GENERATIONS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _code_digest() -> str:
+    import hashlib
+
     code = hashlib.sha256()
     for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
         st = f.stat()
         code.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"wire-spark:{info['pid']}:{info['port']}:{code.hexdigest()}"))
+    return code.hexdigest()

@@ -6,10 +6,12 @@ empty = unset) attaches to a Spark Connect server; `WIRE_SPARK_MASTER`
 neither set, the embedded Spark Connect server of the Wire home
 (`wire spark start`, `wire dev`; wire_dagster/sparkserver.py) if it is running;
 else `local[*]`. In one process the active classic session is reused, whatever
-the environment says. Every client of the embedded server (found, or named by
-WIRE_SPARK_REMOTE as `wire dev` does) attaches to one shared Connect session
-(`sparkserver.shared_session_id`): the server starts Python workers per session,
-so a run (a new process) finds them warm instead of paying ~1 s for its first job.
+the environment says. Every client of a Spark Connect server from one Wire home
+(the embedded server, found or named by WIRE_SPARK_REMOTE as `wire dev` does, or
+any other) attaches to one shared Connect session (`sparkserver.shared_session_id`):
+the server starts Python workers per session, so a run (a new process) finds them
+warm instead of paying ~1 s for its first job, and keeps a session's Python daemon
+until it stops (Spark 4.3), so a session per run would leave a process per run.
 
 Local defaults: UI off, shuffle partitions sized to the cores, session time
 zone UTC, Python workers on this interpreter (they import pyarrow), the driver
@@ -101,18 +103,23 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
         if active is not None:
             return active
     if kind == "remote":
-        from .sparkserver import shared_session_id
+        from .sparkserver import renew_session_id, shared_session_id
 
-        # The embedded server, found or configured (`wire dev` hands dagster dev its URL): its clients
-        # share one session. Any other Spark Connect server: a session of this process's own.
-        shared = shared_session_id(url)
-        if shared is not None:
+        # The clients of a Spark Connect server from one Wire home share one session
+        # (`shared_session_id`); a URL that names a session_id itself keeps it.
+        if "session_id=" in url:
+            return _remote(url, app)
+        shared: str | None = shared_session_id(url)
+        for _ in range(2):  # the shared session, or its successor once the server closed it
+            if shared is None:
+                break
             try:
-                s = _remote(f"{url.rstrip('/')}/;session_id={shared}", app)
+                s = _remote(_with_session(url, shared), app)
             except Exception as e:  # pyspark raises its generic remote error: the message says why
                 if "SESSION_CLOSED" not in str(e):
                     raise
                 _drop_default_remote()
+                shared = renew_session_id(url, shared)
             else:
                 s.release_session_on_close = False  # a stop() in one run must not close the others' session
                 return s
@@ -215,10 +222,6 @@ def preload_client(master: str | None = None, remote: str | None = None) -> thre
         importlib.import_module("pyspark.sql.connect.session" if kind == "remote" else "pyspark.sql")
         if kind != "remote":
             return
-        from .sparkserver import shared_session_id
-
-        if shared_session_id(url) is None:
-            return
         try:
             warm_workers(get_spark(master, remote))
         except Exception as e:  # the caller's own first job meets (and reports) whatever failed here
@@ -260,6 +263,12 @@ def _remote(url: str, app: str) -> RemoteSession:
     # The classic builder hands a remote URL to Spark Connect's builder and casts its session to
     # the classic type; undo that cast so that the Connect-only attributes type-check.
     return cast("RemoteSession", b.getOrCreate())
+
+
+def _with_session(url: str, session_id: str) -> str:
+    """`url` (sc://host:port, perhaps with /;param=value...) naming the session `session_id`."""
+    base = url.rstrip("/")
+    return f"{base};session_id={session_id}" if ";" in base else f"{base}/;session_id={session_id}"
 
 
 def _drop_default_remote() -> None:

@@ -10,6 +10,7 @@ from that run's materialization events, not computed beside it.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ import dagster as dg
 from assets.keys import BACKFILL_PROGRESS, pipeline_tags, window_key
 from assets.partitions import RANGE_END_TAG, RANGE_START_TAG, partition_key
 from sensors import job_name
-from sensors.runs import PipelineRuns, Signals, quiet_libraries, run_error, say_on, verbose
+from sensors.runs import PipelineRuns, Signals, command_instance, quiet_libraries, run_error, say_on, verbose
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 from wire_dagster.timeutil import iso
@@ -41,11 +42,11 @@ def backfill(
     `sensors.runs.Interrupted` on SIGINT/SIGTERM. `load_definitions` builds the code location's
     Definitions (as for `sensors.tick.tick`).
     """
-    with Signals() as signals:
+    with Signals() as signals, contextlib.ExitStack() as stack:
         quiet_libraries()
         ensure_dagster_home()
         defs = load_definitions()
-        instance = dg.DagsterInstance.get()
+        instance = stack.enter_context(command_instance())
         job = defs.resolve_job_def(job_name(spec))
         keys = [partition_key(spec, p) for p in partitions]
         tags = {**pipeline_tags(spec), "wire/backfill": uuid.uuid4().hex[:12]}

@@ -5,13 +5,23 @@ Ticks and backfills of a pipeline take turns, runs left behind by a dead `wire t
 and their slots freed first, SIGINT/SIGTERM stop a tick within seconds, and a failed run is one
 line naming its cause (`sensors.runs`)."""
 
+import contextlib
 from collections.abc import Callable
 
 import dagster as dg
 
 from assets.keys import RUN_KEY_TAG
 from sensors import BY_TICK, job_name, request_partitions, save_cursor, sensor_name
-from sensors.runs import PipelineRuns, Signals, quiet_libraries, quiet_sensor_log, run_error, say_on, verbose
+from sensors.runs import (
+    PipelineRuns,
+    Signals,
+    command_instance,
+    quiet_libraries,
+    quiet_sensor_log,
+    run_error,
+    say_on,
+    verbose,
+)
 from wire_dagster.devstack import ensure_dagster_home
 from wire_dagster.spec import Pipeline
 
@@ -32,12 +42,12 @@ def tick(
     from resources import default_resources
     from wire_dagster.sparksession import preload_client
 
-    with Signals() as signals:
+    with Signals() as signals, contextlib.ExitStack() as stack:
         quiet_libraries()
         preload_client()  # imported while the sensor reads the stream and Dagster creates the run
         ensure_dagster_home()
         defs = load_definitions()
-        instance = dg.DagsterInstance.get()
+        instance = stack.enter_context(command_instance())
         sensor_def = defs.resolve_sensor_def(sensor_name(spec))
         job = defs.resolve_job_def(job_name(spec))
         # Progress lines only where a person watches (a terminal) or asked (-v): a failing

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -98,6 +99,10 @@ class Shell:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
+    def databases(self) -> list[str]:
+        """The SQLite database files the shell has open (a path twice: two connections to it)."""
+        return sorted(f.path for f in psutil.Process(self.proc.pid).open_files() if f.path.endswith(".db"))
+
     def jvms(self) -> set[int]:
         """The shell's descendant JVMs (a local Spark session's)."""
         kids = psutil.Process(self.proc.pid).children(recursive=True)
@@ -122,11 +127,18 @@ def test_a_shell_ticks_twice_in_one_jvm_and_commits_what_separate_commands_do(st
         code, err = sh.send("wire tick --pipeline ticky")
         assert code == 0, err
         assert sh.jvms() == first_jvms  # the tick computed in it, and it is kept after the command
+        dbs = sh.databases()
+        assert dbs, "the tick's Dagster instance has no database open"
         assert sh.send(f"produce -p ticky --file '{files[1]}'  # the second half")[0] == 0
         assert sh.send("close -p ticky")[0] == 0
         code, err = sh.send("tick -p ticky")
         assert code == 0, err
         assert sh.jvms() == first_jvms  # computed in the JVM the first tick started
+        # ... and in the Dagster instance the first tick used: the databases it had open are
+        # open as often as before, not once more per command (each tick's own instance left
+        # its index connection open: 2 -> 3 -> 4 handles of index.db over three ticks)
+        again = Counter(sh.databases())
+        assert all(again[db] == n for db, n in Counter(dbs).items()), (dbs, again)
         code, err = sh.send("tick -p nosuch")  # a bad command: its one line, the shell goes on
         assert code == 2 and len(err) == 1 and err[0].startswith("error: --pipeline: no pipeline named 'nosuch'"), err
         code, err = sh.send('status -p "ticky')

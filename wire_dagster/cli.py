@@ -845,9 +845,8 @@ def shell(
     from . import shell as sh
 
     def warm_up() -> None:
-        import dagster as dg
-
         from definitions import build_definitions
+        from sensors.runs import command_instance
 
         from .devstack import ensure_dagster_home
         from .heap import settle
@@ -857,7 +856,8 @@ def shell(
         build_definitions(project_pipelines())
         _store()
         ensure_dagster_home()
-        dg.DagsterInstance.get().dispose()  # its storage's modules imported, its schema checked
+        with command_instance():  # created (its storages' modules imported, schemas checked) for the commands
+            pass
         settle(collect=True)  # all of it lives as long as the shell (wire_dagster/heap.py)
 
     def taken() -> int | None:  # the signal a tick took (it handles SIGINT/SIGTERM itself), once

@@ -242,3 +242,71 @@ def test_a_bad_synchronous_value_is_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match="synchronous must be one of NORMAL, FULL, not 'OFF'"):
         WireSqliteEventLogStorage(str(tmp_path), synchronous="OFF")
     assert not (tmp_path / "index.db").exists()  # nothing created
+
+
+def _schema(path: Path) -> tuple[list[tuple[str, str, str]], list[tuple[str]], str]:
+    """A SQLite database's schema (its objects' SQL), alembic revision and journal mode."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        objects = con.execute("SELECT type, name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        return (
+            objects,
+            con.execute("SELECT version_num FROM alembic_version").fetchall(),
+            con.execute("PRAGMA journal_mode").fetchone()[0],
+        )
+    finally:
+        con.close()
+
+
+def test_a_new_run_database_is_the_one_dagster_builds(home, tmp_path):
+    """A run database copied from the template has Dagster's schema, revision and WAL mode, and
+    the template is built once, beside the run databases but never listed as a run."""
+    with _instance(home) as inst:
+        r = _new_run(inst)
+        _materialize(inst, r, "p0")
+        base = home / "history" / "runs"
+        templates = list(base.glob(".wire-run-template-*"))
+        assert len(templates) == 1 and templates[0].name == f".wire-run-template-{dg.__version__}"
+        assert r in inst.event_log_storage.get_all_run_ids()  # pyright: ignore[reportAttributeAccessIssue]
+        assert all(not x.startswith(".") for x in inst.event_log_storage.get_all_run_ids())  # pyright: ignore[reportAttributeAccessIssue]
+    plain = SqliteEventLogStorage(str(tmp_path / "plain"))  # Dagster's own storage builds one
+    with plain.run_connection("r"):
+        pass
+    plain.dispose()
+    assert _schema(base / f"{r}.db") == _schema(tmp_path / "plain" / "r.db")
+    assert _schema(base / f"{r}.db")[2] == "wal"
+    assert not list(base.glob("*.tmp")) and not list(base.glob(".*.tmp"))  # no copy left half-made
+
+
+def test_processes_creating_the_same_run_databases_at_once_all_store(tmp_path):
+    """Four processes, no template yet, open the same ten new run databases in the same order
+    (the template and each database made by whichever comes first) and store an event in each:
+    every event is stored, each database made once."""
+    base = tmp_path / "runs"
+    runs = [str(uuid.uuid4()) for _ in range(10)]
+    child = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = {[str(Path(__file__).parent.parent)]!r}
+        from dagster._core.events.log import EventLogEntry
+        from resources.instance import WireSqliteEventLogStorage
+        st = WireSqliteEventLogStorage(sys.argv[1])
+        for r in sys.argv[3:]:
+            st.store_event(EventLogEntry(error_info=None, level=20, user_message=sys.argv[2], run_id=r,
+                                         timestamp=0.0, step_key=None, job_name="j", dagster_event=None))
+        st.dispose()
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", child, str(base), f"w{k}", *runs]) for k in range(4)]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0, 0, 0]
+    st = WireSqliteEventLogStorage(str(base))
+    try:
+        for r in runs:
+            got = sorted(rec.event_log_entry.user_message for rec in st.get_records_for_run(r).records)
+            assert got == ["w0", "w1", "w2", "w3"], (r, got)
+    finally:
+        st.dispose()
+    assert sorted(p.name for p in base.iterdir() if p.name.endswith(".db")) == sorted(
+        [*(f"{r}.db" for r in runs), "index.db"]
+    )
+    assert [p.name for p in base.iterdir() if p.name.startswith(".")] == [f".wire-run-template-{dg.__version__}"]

@@ -266,7 +266,13 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             ]
             assert len(waited) == 1, (err_a[-2000:], err_b[-2000:])
             keys_a, keys_b = launched(out_a), launched(out_b)
-            assert keys_a and keys_b and not set(keys_a) & set(keys_b), (out_a, out_b)
+            # Both ran runs, or the one that waited found its work done: the first did all that
+            # was left (the stream is closed: one evaluation requests every remaining epoch;
+            # with runs sharing the server's Spark session, CI at 04b30b5).
+            assert keys_a or keys_b, (out_a, out_b)
+            assert not set(keys_a) & set(keys_b), (out_a, out_b)
+            for out, keys in ((out_a, keys_a), (out_b, keys_b)):
+                assert keys or "sensor requested no run" in out, out
             # The epochs the two ticks' run keys name: none twice, all committed. Those after
             # `before` are the new work: each epoch from before + 1 on, once. Those up to
             # `before` report partitions of epochs committed already (commit nothing new): an

@@ -273,17 +273,19 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             assert not set(keys_a) & set(keys_b), (out_a, out_b)
             for out, keys in ((out_a, keys_a), (out_b, keys_b)):
                 assert keys or "sensor requested no run" in out, out
-            # The epochs the two ticks' run keys name: none twice, all committed. Those after
-            # `before` are the new work: each epoch from before + 1 on, once. Those up to
-            # `before` report partitions of epochs committed already (commit nothing new): an
-            # epoch the killed tick committed but died before its run reported the partition,
-            # and a partition an epoch made ready beyond the range its evaluation predicted
-            # (CI at 7fb63dc: e11 and e12 after epoch 12). No key ran successfully twice:
-            # assert_settled.
+            # The epochs the two ticks' run keys name: none twice, all committed, the first no
+            # later than the next one (the race goes on from where the pipeline stood). A key
+            # names the epoch its evaluation planned or a committed epoch whose partitions it
+            # reports (one the killed tick committed but died before its run reported, or a
+            # partition an epoch made ready beyond the range its evaluation predicted: CI at
+            # 7fb63dc, e11 and e12 after epoch 12), and every run first commits what is pending
+            # (runs.run_partition), so keys and new epochs need not pair one to one (e11-e14
+            # after epoch 11 committed 12-15). The race made progress wherever a key named a
+            # new epoch. No key ran successfully twice: assert_settled.
             named = [e for k in [*keys_a, *keys_b] for e in key_epochs(k)]
             assert len(named) == len(set(named)), (keys_a, keys_b)
-            new = sorted(e for e in named if e > before)
-            assert new == list(range(before + 1, last_epoch(cp) + 1)), (before, keys_a, keys_b)
+            assert min(named) <= before + 1 and max(named) <= last_epoch(cp), (before, keys_a, keys_b)
+            assert last_epoch(cp) > before or max(named) <= before, (before, keys_a, keys_b)
             assert_settled(inst)
     assert len(kills) == KILLS, f"only {len(kills)} ticks were still running at their kill moment"
     assert any(n for _, n in kills), f"no kill left a run behind: {kills}"

@@ -29,7 +29,7 @@ from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.derived import JOIN_KEY, JOIN_T, _record_fields, join_rows, typed_as_one
 from wire_dagster.duck import duckdb_connection
 from wire_dagster.errors import one_line, worker_cause
-from wire_dagster.extract import _json_typed
+from wire_dagster.extract import _json_type, _json_typed
 from wire_dagster.spec import load_all
 from wire_dagster.timeutil import INF
 
@@ -85,7 +85,7 @@ def test_a_spark_workers_error_is_told_by_its_own_line() -> None:
 
 def test_a_joins_fields_are_typed_as_a_streams_json_lines_are() -> None:
     """`_record_fields` (the join's columns of passed-on records) against DuckDB evaluating
-    extract._json_typed (the type a stream's JSON lines give a field in `where` and `fields`) over
+    extract._json_type/_json_typed (the type a stream's JSON lines give a field in `where` and `fields`) over
     the same lines: the same values, for mixes of every JSON type. Both follow one rule
     (recordtypes.field_type): 2^64, an integer past int64, is a number, read as double by both (the
     SQL read it as NULL before the rule was one)."""
@@ -98,7 +98,8 @@ def test_a_joins_fields_are_typed_as_a_streams_json_lines_are() -> None:
         lines = [f'{{"n": {i}, "amount": {v}}}' for i, v in enumerate(mix)]
         got = _record_fields(pa.chunked_array([pa.array(lines)]))
         con.register("chunk", pa.table({"raw": pa.array([x.encode() for x in lines], pa.binary())}))
-        want = [r[0] for r in con.sql(f"SELECT {_json_typed(con, 'chunk', 'amount')} FROM chunk").fetchall()]
+        typed = _json_typed("amount", _json_type(con, "chunk", "amount"))
+        want = [r[0] for r in con.sql(f"SELECT {typed} FROM chunk").fetchall()]
         con.unregister("chunk")
         mine = got["amount"].to_pylist() if "amount" in got.column_names else [None] * len(mix)
         assert len(mine) == len(want), mix

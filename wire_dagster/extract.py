@@ -130,10 +130,8 @@ def _prepare(
         drop = [*missing, "__wire_none"] if not missing else missing
     else:
         con.register(name, pa.table({"raw": payload}))
-        views = ["decode(raw) AS __j"]
-        for r in refs:
-            views.append(f"{_json_typed(con, name, r)} AS {_q(r)}")
-        base = f"SELECT {', '.join(views)} FROM (SELECT * FROM {name})"
+        types = {r: _json_type(con, name, r) for r in refs}
+        base = _json_base(name, types)
         drop = refs
     derived = ", ".join(f"try({expr}) AS {_q(f)}" for f, expr in spec.fields)
     where = f"coalesce(try(CAST(({spec.where}) AS BOOLEAN)), FALSE)" if spec.where else "TRUE"
@@ -158,7 +156,13 @@ def _prepare(
                  d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
             SELECT encode({patch}) AS raw, {where} AS {_KEEP} FROM d"""
     try:
-        out = con.sql(sql).to_arrow_table()
+        try:
+            rel = con.sql(sql)
+        except duckdb.Error:
+            if typed or not (again := _renumbered(con, sql, base, name, types)):
+                raise
+            rel = again
+        out = rel.to_arrow_table()
     except duckdb.Error as e:  # the expressions do not bind to this chunk's field types
         first = str(e).splitlines()[0]
         exprs = "; ".join(
@@ -177,11 +181,11 @@ def _len(payload: pa.Table | pa.LargeBinaryArray) -> int:
     return payload.num_rows if isinstance(payload, pa.Table) else len(payload)
 
 
-def _json_typed(con, table: str, field: str) -> str:
-    """Field `field` of the JSON lines as one SQL type for the chunk, by the kinds of its values
-    (recordtypes.field_type: numbers win, BIGINT where every number is an integer within int64,
-    else DOUBLE, a value of another kind then NULL; BOOLEAN where all are booleans; else text);
-    an untyped NULL where no record has a value. So `price > 100` compares numbers whenever the
+def _json_type(con, table: str, field: str) -> str | None:
+    """The type of field `field` of the chunk's JSON lines, by the kinds of its values
+    (recordtypes.field_type: numbers win, "int64" where every number is an integer within int64,
+    else "double", a value of another kind then null; "bool" where all are booleans; else
+    "text"); None where no record has a value. So `price > 100` compares numbers whenever the
     records carry numbers, whatever else a few of them carry."""
     from .recordtypes import DUCKDB_KINDS, OTHER, field_type
 
@@ -191,8 +195,44 @@ def _json_typed(con, table: str, field: str) -> str:
         for (k,) in con.sql(f"SELECT DISTINCT json_type(decode(raw), '{path}') FROM {table}").fetchall()
         if k not in (None, "NULL")
     }
+    return field_type(kinds)
+
+
+def _json_base(table: str, types: dict[str, str | None]) -> str:
+    """The records (`__j`) with each referenced field as a column of its type (`_json_typed`)."""
+    views = ["decode(raw) AS __j", *(f"{_json_typed(r, t)} AS {_q(r)}" for r, t in types.items())]
+    return f"SELECT {', '.join(views)} FROM (SELECT * FROM {table})"
+
+
+def _renumbered(con, sql: str, base: str, table: str, types: dict[str, str | None]):
+    """The statement bound with fields this chunk holds only as text (or only as booleans) read
+    as numbers instead, when that is what makes it bind (None: nothing does): where the records
+    of a chunk carry a field only as text, `amount > 10` cannot compare it, yet in any chunk that
+    also has numbers those values are null (the numbers-win rule). Read so, each record gets what
+    it gets in any other chunk: a chunk of one text `amount` among a live tick's few records no
+    longer makes every record of it a dead letter, those without `amount` (or `amount > 10 OR
+    vip`'s vips) included. The smallest such set of fields is taken, fewest first. The price: a
+    stream that never carries a number there gets its records filtered (`amount > 10` is null),
+    not dead letters saying the expression cannot be evaluated."""
+    from itertools import combinations
+
+    import duckdb
+
+    texts = [r for r, t in types.items() if t in ("text", "bool")]
+    for n in range(1, min(len(texts), 4) + 1):
+        for fields in combinations(texts, n):
+            again = _json_base(table, {**types, **dict.fromkeys(fields, "double")})
+            try:
+                return con.sql(sql.replace(base, again, 1))
+            except duckdb.Error:
+                continue
+    return None
+
+
+def _json_typed(field: str, typ: str | None) -> str:
+    """Field `field` of a JSON line as SQL of type `typ` (`_json_type`); an untyped NULL for None."""
+    path = json_path(field).replace("'", "''")
     text = f"json_extract_string(decode(raw), '{path}')"
-    typ = field_type(kinds)
     if typ is None:
         return "NULL"
     if typ in ("int64", "double"):

@@ -19,6 +19,8 @@ record's text, for a dead letter), one row per stored record, in the chunk's ord
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 
@@ -131,7 +133,6 @@ def _prepare(
     else:
         con.register(name, pa.table({"raw": payload}))
         types = {r: _json_type(con, name, r) for r in refs}
-        base = _json_base(name, types)
         drop = refs
     derived = ", ".join(f"try({expr}) AS {_q(f)}" for f, expr in spec.fields)
     where = f"coalesce(try(CAST(({spec.where}) AS BOOLEAN)), FALSE)" if spec.where else "TRUE"
@@ -151,15 +152,19 @@ def _prepare(
         # a field that redefines one the record has replaces it, as for Parquet rows above
         replaced = [f for f, _ in spec.fields if f in refs]
         excl = f" EXCLUDE ({', '.join(_q(c) for c in replaced)})" if replaced else ""
-        sql = f"""
-            WITH b AS ({base}),
+
+        def statement(reading: dict[str, str | None]) -> str:  # of the fields' types
+            return f"""
+            WITH b AS ({_json_base(name, reading)}),
                  d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
             SELECT encode({patch}) AS raw, {where} AS {_KEEP} FROM d"""
+
+        sql = statement(types)
     try:
         try:
             rel = con.sql(sql)
         except duckdb.Error:
-            if typed or not (again := _renumbered(con, sql, base, name, types)):
+            if typed or not (again := _renumbered(con, statement, types)):
                 raise
             rel = again
         out = rel.to_arrow_table()
@@ -204,9 +209,9 @@ def _json_base(table: str, types: dict[str, str | None]) -> str:
     return f"SELECT {', '.join(views)} FROM (SELECT * FROM {table})"
 
 
-def _renumbered(con, sql: str, base: str, table: str, types: dict[str, str | None]):
-    """The statement bound with fields this chunk holds only as text (or only as booleans) read
-    as numbers instead, when that is what makes it bind (None: nothing does): where the records
+def _renumbered(con, statement: Callable[[dict[str, str | None]], str], types: dict[str, str | None]):
+    """`statement` (of the fields' types) bound with fields this chunk holds only as text (or only
+    as booleans) read as numbers instead, when that is what makes it bind (None: nothing does): where the records
     of a chunk carry a field only as text, `amount > 10` cannot compare it, yet in any chunk that
     also has numbers those values are null (the numbers-win rule). Read so, each record gets what
     it gets in any other chunk: a chunk of one text `amount` among a live tick's few records no
@@ -221,9 +226,8 @@ def _renumbered(con, sql: str, base: str, table: str, types: dict[str, str | Non
     texts = [r for r, t in types.items() if t in ("text", "bool")]
     for n in range(1, min(len(texts), 4) + 1):
         for fields in combinations(texts, n):
-            again = _json_base(table, {**types, **dict.fromkeys(fields, "double")})
             try:
-                return con.sql(sql.replace(base, again, 1))
+                return con.sql(statement({**types, **dict.fromkeys(fields, "double")}))
             except duckdb.Error:
                 continue
     return None

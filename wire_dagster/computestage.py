@@ -624,8 +624,15 @@ class _Source:
     def chunk_keys(self, chunks: list[ChunkMeta]) -> list[tuple[str, str, int, int, int]]:
         return [(c.data_key, c.segment, c.seq, c.ingest_ms, c.format) for c in chunks if c.data_key]
 
-    def read(self, fs, keys: list[tuple[str, str, int, int, int]]) -> pa.Table:
-        parts = [read_records(self.spec, fs, self.bucket, *k, canonical=self.canonical) for k in keys]
+    def read(self, fs, keys: list[tuple[str, str, int, int, int]], pool=None) -> pa.Table:
+        """The chunks of `keys` as one RECORD_SCHEMA table, in their order; side by side on
+        `pool` (a ThreadPoolExecutor) when given: each read mostly waits on the store or runs in
+        Arrow, both without the GIL."""
+
+        def one(k: tuple[str, str, int, int, int]) -> pa.Table:
+            return read_records(self.spec, fs, self.bucket, *k, canonical=self.canonical)
+
+        parts = list(pool.map(one, keys)) if pool is not None and len(keys) > 1 else [one(k) for k in keys]
         return pa.concat_tables(parts) if parts else RECORD_SCHEMA.empty_table()
 
     def carried(self, fs, key: str | None) -> pa.Table:
@@ -728,19 +735,29 @@ def compute(
         cfg = store.cfg if carry_to is not None else None
 
         def task(batches):
-            from .kernel import _fs
+            from concurrent.futures import ThreadPoolExecutor
+
+            from .kernel import READ_THREADS, _fs
 
             for _ in batches:  # the one driving row
                 pass
             fs = _fs(src.fs_options)
             comps = loaded.instances()
-            carried = src.carried(fs, carried_key)
-            for i, (w_prev, w_new) in enumerate(windows):
-                out = run_bucket(loaded, comps, src.read(fs, keys[i]), carried, w_prev, w_new, hows[i])
-                carried = out[("carried", "")]
-                if carry_to is not None:
-                    out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)
-                yield from pack(out, epoch=i).to_batches()
+            # As the window kernel's task (kernel._one_task): an epoch's chunks are fetched side
+            # by side, and the next epoch's while this one is computed.
+            with ThreadPoolExecutor(max_workers=READ_THREADS) as pool, ThreadPoolExecutor(max_workers=1) as ahead:
+                first = ahead.submit(src.read, fs, keys[0], pool)
+                carried = src.carried(fs, carried_key)
+                nxt = first
+                for i, (w_prev, w_new) in enumerate(windows):
+                    events = nxt.result()
+                    if i + 1 < len(windows):
+                        nxt = ahead.submit(src.read, fs, keys[i + 1], pool)
+                    out = run_bucket(loaded, comps, events, carried, w_prev, w_new, hows[i])
+                    carried = out[("carried", "")]
+                    if carry_to is not None:
+                        out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)
+                    yield from pack(out, epoch=i).to_batches()
 
         packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
         return [_gather(t) for t in unpack(packed, len(epochs))]

@@ -746,9 +746,8 @@ def compute(
             # As the window kernel's task (kernel._one_task): an epoch's chunks are fetched side
             # by side, and the next epoch's while this one is computed.
             with ThreadPoolExecutor(max_workers=READ_THREADS) as pool, ThreadPoolExecutor(max_workers=1) as ahead:
-                first = ahead.submit(src.read, fs, keys[0], pool)
+                nxt = ahead.submit(src.read, fs, keys[0], pool)
                 carried = src.carried(fs, carried_key)
-                nxt = first
                 for i, (w_prev, w_new) in enumerate(windows):
                     events = nxt.result()
                     if i + 1 < len(windows):

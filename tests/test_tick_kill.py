@@ -5,8 +5,9 @@ session's Spark Connect server): a closed stream of 20,000 events over two segme
 epochs of one run each, nothing late and nothing duplicated, so the final results must equal a
 plain batch aggregation (tests/reference.py, DESIGN §2 invariant 5).
 
-    tick (measured: D s) ─▶ { tick ✗ kill -9 at a random moment: in [0.1 D, D], or (every
-                                     other one) up to 0.4 D after its run started
+    tick (measured: D s) ─▶ { tick ✗ kill -9 at a random moment: in [0.1 d, 0.9 d], or (every
+                                     other one) up to 0.4 d after its run started (d: the
+                                     shortest tick so far that ran a run)
                              tick ─▶ must finish, rc 0, within max(120 s, 5 D) }   × KILLS kills (5; test-long 10)
                              (after the third kill: two ticks started together)
                           ─▶ ticks until the sensor requests nothing ─▶ results = reference
@@ -47,12 +48,14 @@ from wire_dagster.streams import close_stream, produce
 
 NAME = "tickkill"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-EVENTS = 20_000
 KILLS = int(os.environ.get("WIRE_TICK_KILLS") or 5)  # `make test-long`: 10
 RACE_AFTER = 3  # kills before the two racing ticks
 
 CHUNK_ROWS, CHUNKS_PER_EPOCH = 625, 2
-EPOCHS = EVENTS // CHUNK_ROWS // CHUNKS_PER_EPOCH  # 16, one run each: work left for every kill
+# One epoch a run, and work left for every kill: the first tick commits one, a killed tick at
+# most one, the tick after it one (and what the killed one left), the race two. 16 for 5 kills.
+EPOCHS = 2 * KILLS + 6
+EVENTS = EPOCHS * CHUNK_ROWS * CHUNKS_PER_EPOCH  # 20,000 for 5 kills
 
 #: test_cli_tick's pipeline (a tumbling, a sliding and a session window) over its own stream, in
 #: epochs of 2 chunks (one per segment) of 625 events and one epoch a run; sessions of a 5 s gap
@@ -176,21 +179,22 @@ def assert_settled(inst) -> list[dict]:
     return runs
 
 
-def kill_moment(p: subprocess.Popen, inst, rng: random.Random, duration: float, in_run: bool) -> float | None:
+def kill_moment(p: subprocess.Popen, inst, rng: random.Random, d: float, in_run: bool) -> float | None:
     """Wait for a random moment of the tick's life, then kill -9 its process group; returns the
-    moment (s after its start), or None if it ended by itself first. `in_run`: the moment is
-    drawn after its run started (up to 0.4 D later), else anywhere in [0.1 D, D]."""
+    moment (s after its start), or None if it ended by itself first. `d`: the shortest tick so
+    far that ran a run; `in_run`: the moment is drawn after its run started (up to 0.4 d later),
+    else in [0.1 d, 0.9 d]. A tick that ends first has used an epoch of the work the kills need."""
     t0 = time.monotonic()
     if in_run:
         started = dg.RunsFilter(tags={"wire/pid": str(p.pid)})
-        while not inst.get_runs(filters=started, limit=1):  # polled: the run appears within D
+        while not inst.get_runs(filters=started, limit=1):  # polled: the run appears within d
             if p.poll() is not None:
                 return None
-            assert time.monotonic() - t0 < 10 * duration, "the tick never started a run"
+            assert time.monotonic() - t0 < 10 * d, "the tick never started a run"
             time.sleep(0.05)
-        at = time.monotonic() - t0 + rng.uniform(0.0, 0.4) * duration
+        at = time.monotonic() - t0 + rng.uniform(0.0, 0.4) * d
     else:
-        at = rng.uniform(0.1, 1.0) * duration
+        at = rng.uniform(0.1, 0.9) * d
     try:
         p.wait(timeout=max(0.0, at - (time.monotonic() - t0)))
         return None
@@ -227,17 +231,23 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
     out, _, duration = finish(start_tick(env), 600, "the first tick")
     assert len(launched(out)) == 1 and last_epoch(cp) == 1, out
     bound = max(120.0, 5 * duration)  # a tick after a kill: never minutes more than an uninterrupted one
+    d = duration  # the shortest tick that ran a run: later ones are warmer than the first
 
     kills: list[tuple[float, int]] = []  # (moment, runs it left unfinished)
     after_kill: list[float] = []
+    ended = 0  # ticks that ended before their kill moment
     for attempt in range(3 * KILLS):
         if len(kills) == KILLS:
             break
         p = start_tick(env)
-        at = kill_moment(p, inst, rng, duration, in_run=attempt % 2 == 1)  # every other one inside its run
+        t = time.monotonic()
+        at = kill_moment(p, inst, rng, d, in_run=attempt % 2 == 1)  # every other one inside its run
         if at is None:  # it finished before its kill moment: not a kill
             out, err = p.communicate()
             assert p.returncode == 0, err[-3000:]
+            if launched(out):
+                d = min(d, time.monotonic() - t)
+            ended += 1
             continue
         left = [r for r in runs_of(inst)[0] if r["pid"] == str(p.pid) and r["status"] not in ("SUCCESS", "FAILURE")]
         kills.append((round(at, 1), len(left)))
@@ -246,6 +256,8 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             start_tick(env), bound, f"the tick after kill {len(kills)} (at {at:.1f} s; D = {duration:.1f} s)"
         )
         after_kill.append(round(took, 1))
+        if launched(out):
+            d = min(d, took)
         for r in left:  # what the killed tick left behind: named by the next one, and failed
             assert re.search(
                 rf"marked run {r['id'][:8]} \(wire tick, pid {p.pid} on [^)]*\) failed: its process is gone", err
@@ -287,7 +299,7 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
             assert min(named) <= before + 1 and max(named) <= last_epoch(cp), (before, keys_a, keys_b)
             assert last_epoch(cp) > before or max(named) <= before, (before, keys_a, keys_b)
             assert_settled(inst)
-    assert len(kills) == KILLS, f"only {len(kills)} ticks were still running at their kill moment"
+    assert len(kills) == KILLS, f"only {len(kills)} ticks were still running at their kill moment ({ended} ended first)"
     assert any(n for _, n in kills), f"no kill left a run behind: {kills}"
 
     # Ticks until the sensor asks for nothing more; each must finish within the bound too.
@@ -311,4 +323,5 @@ def _kill_ticks(rng: random.Random, store, spec, events: dict[str, list[dict]], 
     reported = " ".join(r["key"] for r in runs if r["status"] == "SUCCESS")
     assert m.epoch == EPOCHS and all(f":e{n}:" in reported for n in range(1, EPOCHS + 1)), reported  # each reported
     assert max(after_kill) < bound, after_kill
-    print(f"D = {duration:.1f} s; kills (moment s, runs left): {kills}; ticks after them: {after_kill} s")
+    print(f"D = {duration:.1f} s, d = {d:.1f} s; kills (moment s, runs left): {kills}; {ended} ended first")
+    print(f"ticks after the kills: {after_kill} s")

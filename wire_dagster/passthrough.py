@@ -110,48 +110,44 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         con.register("good", good.drop_columns([JSON]).append_column("ix", pa.array(np.arange(good.num_rows))))
         con.register("buf", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in buf.items()}))
         con.register("mem", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in mem.items()}))
+        # A duplicate: a repeat of an earlier (key, id) of the bucket, or of one the keys remember.
+        # The ordered window that finds the repeats runs only when a hash aggregate says there
+        # are some (usually none: 0.18 s against the window's 0.47 s, for 920,000 bids).
+        repeats = f"SELECT 1 FROM good WHERE {ID} IS NOT NULL GROUP BY {KEY}, {ID} HAVING count(*) > 1 LIMIT 1"
+        again = f"row_number() OVER (PARTITION BY {KEY}, {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1"
+        known = f"EXISTS (SELECT 1 FROM mem m WHERE m.k IS NOT DISTINCT FROM good.{KEY} AND m.id = good.{ID})"
+        dup = " OR ".join([again] * bool(con.execute(repeats).fetchall()) + [known] * bool(mem["id"]))
+        late = f"NOT dup AND {'TRUE' if drops_late else 'FALSE'} AND t + {lateness} < {w_prev}"
+        # one table of the bucket's records, and the accepted ones a view over it and the buffer
+        # (two more copies of 920,000 rows took 0.29 s; a scan of them is cheaper)
         con.execute(f"""
             CREATE TEMP TABLE f AS
-            SELECT {TIME} AS t, {KEY} AS k, {ID} AS id, {SEG} AS seg, {SEQ} AS seq, {ROW} AS row, ix,
-                   '' AS oid,
-                   {ID} IS NOT NULL AND (
-                       row_number() OVER (PARTITION BY {KEY}, {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1
-                       OR EXISTS (SELECT 1 FROM mem m WHERE m.k IS NOT DISTINCT FROM good.{KEY} AND m.id = good.{ID})
-                   ) AS dup
-            FROM good""")
-        late = f"NOT dup AND {'TRUE' if drops_late else 'FALSE'} AND t + {lateness} < {w_prev}"
-        con.execute(f"CREATE TEMP TABLE fl AS SELECT *, {late} AS late FROM f")
+            SELECT *, {late} AS late FROM (
+                SELECT {TIME} AS t, {KEY} AS k, {ID} AS id, {SEG} AS seg, {SEQ} AS seq, {ROW} AS row, ix,
+                       '' AS oid, {f"{ID} IS NOT NULL AND ({dup})" if dup else "FALSE"} AS dup
+                FROM good)""")
         con.execute("""
-            CREATE TEMP TABLE acc AS
-            SELECT t, k, seg, seq, row, ix, oid FROM fl WHERE NOT dup AND NOT late
+            CREATE TEMP VIEW acc AS
+            SELECT t, k, seg, seq, row, ix, oid FROM f WHERE NOT dup AND NOT late
             UNION ALL SELECT t, k, seg, seq, row, ix, oid FROM buf""")
+        # produced: each delivered record, at its time, under its key, its id that of `ctx.produce`
+        # (no ORDER BY ix, 0.18 s: DuckDB keeps a scan's order, preserve_insertion_order, so the
+        # texts are gathered in ascending order all the same; merge_output sorts the rows)
+        origin = "CASE WHEN oid = '' THEN 'r:' || seg || '/' || seq || '/' || row ELSE oid END"
+        prefix = "'" + f"{comp.name}|".replace("'", "''") + "'"
         out_rows = con.sql(f"""
-            SELECT k, t, seg, seq, row, ix, oid, t < {w_prev} AS is_late FROM acc WHERE t < {w_new}
-            ORDER BY ix""").to_arrow_table()  # the texts gathered in order (merge_output sorts the rows)
+            SELECT k, t, seg, seq, row, ix, t < {w_prev} AS is_late, {prefix} || {origin} || '|0' AS id
+            FROM acc WHERE t < {w_new}""").to_arrow_table()
         waiting = con.sql(f"SELECT * FROM acc WHERE t >= {w_new} ORDER BY k, t, seg, seq, row").to_arrow_table()
-        aside = con.sql("SELECT * FROM fl WHERE dup OR late ORDER BY seg, seq, row").to_arrow_table()
+        aside = con.sql("SELECT * FROM f WHERE dup OR late ORDER BY seg, seq, row").to_arrow_table()
         memory = con.sql(f"""
             SELECT k, '{{' || string_agg(to_json(id) || ':' || expires, ',' ORDER BY id) || '}}' AS data
-            FROM (SELECT k, id, t + {lateness} + 1 AS expires FROM fl WHERE NOT dup AND id IS NOT NULL
+            FROM (SELECT k, id, t + {lateness} + 1 AS expires FROM f WHERE NOT dup AND id IS NOT NULL
                   UNION ALL SELECT k, id, expires FROM mem)
             WHERE expires > {w_new} GROUP BY k""").to_arrow_table()
     finally:
         con.close()
 
-    # produced: each delivered record, at its time, under its key, its id that of `ctx.produce`
-    origin = pc.if_else(  # pyright: ignore[reportAttributeAccessIssue]
-        pc.equal(out_rows["oid"], ""),  # pyright: ignore[reportAttributeAccessIssue]
-        pc.binary_join_element_wise(  # pyright: ignore[reportAttributeAccessIssue]
-            "r:",
-            out_rows["seg"],
-            "/",
-            pc.cast(out_rows["seq"], pa.string()),
-            "/",
-            pc.cast(out_rows["row"], pa.string()),
-            "",
-        ),
-        out_rows["oid"],
-    )
     loads = json.loads
     produced = pa.table(
         {
@@ -159,7 +155,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
             "key": out_rows["k"],
             "window_start": out_rows["t"],
             "window_end": pc.add(out_rows["t"], 1),  # pyright: ignore[reportAttributeAccessIssue]
-            "id": pc.binary_join_element_wise(f"{comp.name}|", origin, "|0", ""),  # pyright: ignore[reportAttributeAccessIssue]
+            "id": out_rows["id"],
             "record": texts.take(out_rows["ix"]),
         },
         schema=PRODUCED_SCHEMA,

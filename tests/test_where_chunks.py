@@ -116,3 +116,48 @@ def test_an_expression_wrong_for_any_type_is_still_a_dead_letter() -> None:
     assert all(
         k.startswith("letter: malformed: cannot evaluate where: no_such_function(amount) > 1") for k, *_ in out.values()
     ), out
+
+
+def _parquet_chunk(recs: list[dict], amount: pa.DataType) -> pa.Table:
+    """The records as a Parquet chunk's rows (`REC`), `amount` a column of type `amount`."""
+    from wire_dagster.events import REC
+
+    cols = {
+        "t": pa.array([r["t"] for r in recs], pa.int64()),
+        "k": pa.array([r["k"] for r in recs], pa.string()),
+        "amount": pa.array([r.get("amount") for r in recs], amount),
+        "vip": pa.array([r.get("vip") for r in recs], pa.bool_()),
+    }
+    return pa.table(
+        {
+            TIME: cols["t"],
+            ID: pa.nulls(len(recs), pa.string()),
+            ROW: cols["t"],
+            REC: pa.StructArray.from_arrays(list(cols.values()), names=list(cols)),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("amounts", "typ"),
+    [(["12", "x", None, "", "3.5", None], pa.string()), ([None] * 6, pa.string()), ([True, False] * 3, pa.bool_())],
+    ids=["text", "only-missing", "booleans"],
+)
+def test_a_parquet_column_of_text_letters_no_record(amounts: list, typ: pa.DataType) -> None:
+    """A Parquet chunk whose `amount` is a text column (or one of only missing values, as pandas
+    writes an object column of None; or booleans) cannot bind `amount > 10`: every record of the
+    chunk was a dead letter ("cannot evaluate"). Now each record gets what its JSON line gets
+    (text is null as a number): kept for `vip`, else filtered; its derived fields null; and the
+    record keeps its own `amount` as written (only the expressions read it as null)."""
+    from wire_dagster.extract import _prepare, payload_of
+
+    spec = _spec("big OR vip", {"big": "amount > 10", "double": "amount * 2"}, ("double",))
+    recs = [{"t": i, "k": "k0", "amount": a, "vip": i % 3 == 0} for i, a in enumerate(amounts)]
+    chunk = _parquet_chunk(recs, typ)
+    ev = pipeline_events(spec, chunk, 10_000).to_pylist()
+    got = {r[TIME]: ("event" if r[ERR] is None else r[ERR], r[field_column("double")]) for r in ev}
+    assert got == {r["t"]: ("event" if r["vip"] else FILTERED, None) for r in recs}, got
+    assert got == _outcomes(spec, recs)  # its JSON line's outcome
+    prepared, keep, failed = _prepare(spec, payload_of(chunk))
+    assert failed is None and list(keep) == [r["vip"] for r in recs]
+    assert isinstance(prepared, pa.Table) and prepared["amount"].to_pylist() == amounts

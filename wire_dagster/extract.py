@@ -128,8 +128,12 @@ def _prepare(
     if typed:
         missing = [r for r in refs if "." not in r and r not in payload.column_names]
         con.register(name, payload)
-        base = f"SELECT *, {', '.join(f'NULL AS {_q(r)}' for r in missing) or 'NULL AS __wire_none'} FROM {name}"
+        nulls = ", ".join(f"NULL AS {_q(r)}" for r in missing) or "NULL AS __wire_none"
         drop = [*missing, "__wire_none"] if not missing else missing
+        # a column's kind, as a JSON field's (`_json_type`): text or booleans may be read as numbers
+        types: dict[str, str | None] = {
+            r: _column_kind(payload.schema.field(r).type) for r in refs if r in payload.column_names
+        }
     else:
         con.register(name, pa.table({"raw": payload}))
         types = {r: _json_type(con, name, r) for r in refs}
@@ -139,10 +143,15 @@ def _prepare(
     if typed:
         replaced = [f for f, _ in spec.fields if f in payload.column_names]
         excl = f" EXCLUDE ({', '.join(_q(c) for c in replaced)})" if replaced else ""
-        sql = f"""
-            WITH b AS ({base}),
+
+        def statement(reading: dict[str, str | None]) -> str:  # of the columns' kinds
+            numbers = [r for r, t in reading.items() if t == "double"]  # read as numbers: null
+            rep = f" REPLACE ({', '.join(f'CAST(NULL AS DOUBLE) AS {_q(r)}' for r in numbers)})" if numbers else ""
+            return f"""
+            WITH b AS (SELECT *{rep}, {nulls} FROM {name}),
                  d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
             SELECT * EXCLUDE ({", ".join(_q(c) for c in drop)}), {where} AS {_KEEP} FROM d"""
+
     else:
         patch = (
             "json_merge_patch(__j, json_object(" + ", ".join(f"'{f}', {_q(f)}" for f, _ in spec.fields) + "))"
@@ -159,14 +168,14 @@ def _prepare(
                  d AS (SELECT *{excl}{", " + derived if derived else ""} FROM b)
             SELECT encode({patch}) AS raw, {where} AS {_KEEP} FROM d"""
 
-        sql = statement(types)
+    as_numbers: tuple[str, ...] = ()
     try:
         try:
-            rel = con.sql(sql)
+            rel = con.sql(statement(types))
         except duckdb.Error:
-            if typed or not (again := _renumbered(con, statement, types)):
+            if not (again := _renumbered(con, statement, types)):
                 raise
-            rel = again
+            rel, as_numbers = again
         out = rel.to_arrow_table()
     except duckdb.Error as e:  # the expressions do not bind to this chunk's field types
         first = str(e).splitlines()[0]
@@ -178,12 +187,27 @@ def _prepare(
         con.unregister(name)
     keep = out[_KEEP].to_numpy(zero_copy_only=False).astype(bool)
     if typed:
-        return out.drop_columns([_KEEP]), keep, None
+        out = out.drop_columns([_KEEP])
+        for c in as_numbers:  # the record keeps its values: only the expressions read them as null
+            if c in out.column_names and c not in replaced:
+                out = out.set_column(out.column_names.index(c), c, payload[c])
+        return out, keep, None
     return out["raw"].combine_chunks().cast(pa.large_binary()), keep, None
 
 
 def _len(payload: pa.Table | pa.LargeBinaryArray) -> int:
     return payload.num_rows if isinstance(payload, pa.Table) else len(payload)
+
+
+def _column_kind(typ: pa.DataType) -> str:
+    """A Parquet column's kind as `_renumbered` reads it: "text" (strings, bytes), "bool", or
+    "other" (numbers, and what is never read as a number)."""
+    if pa.types.is_boolean(typ):
+        return "bool"
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+    if any(f(typ) for f in text) or pa.types.is_string_view(typ) or pa.types.is_binary_view(typ):
+        return "text"
+    return "other"
 
 
 def _json_type(con, table: str, field: str) -> str | None:
@@ -211,7 +235,9 @@ def _json_base(table: str, types: dict[str, str | None]) -> str:
 
 def _renumbered(con, statement: Callable[[dict[str, str | None]], str], types: dict[str, str | None]):
     """`statement` (of the fields' types) bound with fields this chunk holds only as text (or only
-    as booleans) read as numbers instead, when that is what makes it bind (None: nothing does): where the records
+    as booleans) read as numbers instead, when that is what makes it bind, and those fields (None:
+    nothing binds). A Parquet chunk's text, boolean or all-null column is read so too (`_prepare`:
+    its values null as numbers, as a JSON field's text values are among numbers). Where the records
     of a chunk carry a field only as text, `amount > 10` cannot compare it, yet in any chunk that
     also has numbers those values are null (the numbers-win rule). Read so, each record gets what
     it gets in any other chunk: a chunk of one text `amount` among a live tick's few records no
@@ -227,7 +253,7 @@ def _renumbered(con, statement: Callable[[dict[str, str | None]], str], types: d
     for n in range(1, min(len(texts), 4) + 1):
         for fields in combinations(texts, n):
             try:
-                return con.sql(statement({**types, **dict.fromkeys(fields, "double")}))
+                return con.sql(statement({**types, **dict.fromkeys(fields, "double")})), fields
             except duckdb.Error:
                 continue
     return None

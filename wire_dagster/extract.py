@@ -27,6 +27,7 @@ import pyarrow as pa
 from .duck import duckdb_connection
 from .events import ERR, FILTERED, ID, RAW, REC, RECORDS, ROW, SRC, TIME, chunk_schema
 from .ingest import json_path, normalize_lines, normalize_table
+from .recordtypes import BOOL, TEXT, arrow_kind
 from .spec import Pipeline
 from .sqlexpr import expression_columns
 
@@ -130,10 +131,9 @@ def _prepare(
         con.register(name, payload)
         nulls = ", ".join(f"NULL AS {_q(r)}" for r in missing) or "NULL AS __wire_none"
         drop = [*missing, "__wire_none"] if not missing else missing
-        # a column's kind, as a JSON field's (`_json_type`): text or booleans may be read as numbers
-        types: dict[str, str | None] = {
-            r: _column_kind(payload.schema.field(r).type) for r in refs if r in payload.column_names
-        }
+        # a column held as text or booleans may be read as numbers (`_renumbered`), as a JSON field
+        kinds = {r: arrow_kind(payload.schema.field(r).type) for r in refs if r in payload.column_names}
+        types: dict[str, str | None] = {r: {TEXT: "text", BOOL: "bool"}.get(k or "") for r, k in kinds.items()}
     else:
         con.register(name, pa.table({"raw": payload}))
         types = {r: _json_type(con, name, r) for r in refs}
@@ -199,17 +199,6 @@ def _len(payload: pa.Table | pa.LargeBinaryArray) -> int:
     return payload.num_rows if isinstance(payload, pa.Table) else len(payload)
 
 
-def _column_kind(typ: pa.DataType) -> str:
-    """A Parquet column's kind as `_renumbered` reads it: "text" (strings, bytes), "bool", or
-    "other" (numbers, and what is never read as a number)."""
-    if pa.types.is_boolean(typ):
-        return "bool"
-    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-    if any(f(typ) for f in text) or pa.types.is_string_view(typ) or pa.types.is_binary_view(typ):
-        return "text"
-    return "other"
-
-
 def _json_type(con, table: str, field: str) -> str | None:
     """The type of field `field` of the chunk's JSON lines, by the kinds of its values
     (recordtypes.field_type: numbers win, "int64" where every number is an integer within int64,
@@ -236,7 +225,7 @@ def _json_base(table: str, types: dict[str, str | None]) -> str:
 def _renumbered(con, statement: Callable[[dict[str, str | None]], str], types: dict[str, str | None]):
     """`statement` (of the fields' types) bound with fields this chunk holds only as text (or only
     as booleans) read as numbers instead, when that is what makes it bind, and those fields (None:
-    nothing binds). A Parquet chunk's text, boolean or all-null column is read so too (`_prepare`:
+    nothing binds). A Parquet chunk's text or boolean column (`arrow_kind`) is read so too (`_prepare`:
     its values null as numbers, as a JSON field's text values are among numbers). Where the records
     of a chunk carry a field only as text, `amount > 10` cannot compare it, yet in any chunk that
     also has numbers those values are null (the numbers-win rule). Read so, each record gets what

@@ -55,6 +55,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from .bucketkernel import _lit
     from .computation import Item, KeyState
     from .computestage import (
         CARRIED_SCHEMA,
@@ -116,7 +117,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         repeats = f"SELECT 1 FROM good WHERE {ID} IS NOT NULL GROUP BY {KEY}, {ID} HAVING count(*) > 1 LIMIT 1"
         again = f"row_number() OVER (PARTITION BY {KEY}, {ID} ORDER BY {SEG}, {SEQ}, {ROW}) > 1"
         known = f"EXISTS (SELECT 1 FROM mem m WHERE m.k IS NOT DISTINCT FROM good.{KEY} AND m.id = good.{ID})"
-        dup = " OR ".join([again] * bool(con.execute(repeats).fetchall()) + [known] * bool(mem["id"]))
+        dup = " OR ".join(([again] if con.execute(repeats).fetchall() else []) + ([known] if mem["id"] else []))
         late = f"NOT dup AND {'TRUE' if drops_late else 'FALSE'} AND t + {lateness} < {w_prev}"
         # one table of the bucket's records, and the accepted ones a view over it and the buffer
         # (two more copies of 920,000 rows took 0.29 s; a scan of them is cheaper)
@@ -134,9 +135,8 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
         # (no ORDER BY ix, 0.18 s: DuckDB keeps a scan's order, preserve_insertion_order, so the
         # texts are gathered in ascending order all the same; merge_output sorts the rows)
         origin = "CASE WHEN oid = '' THEN 'r:' || seg || '/' || seq || '/' || row ELSE oid END"
-        prefix = "'" + f"{comp.name}|".replace("'", "''") + "'"
         out_rows = con.sql(f"""
-            SELECT k, t, seg, seq, row, ix, t < {w_prev} AS is_late, {prefix} || {origin} || '|0' AS id
+            SELECT k, t, seg, seq, row, ix, t < {w_prev} AS is_late, {_lit(comp.name + "|")} || {origin} || '|0' AS id
             FROM acc WHERE t < {w_new}""").to_arrow_table()
         waiting = con.sql(f"SELECT * FROM acc WHERE t >= {w_new} ORDER BY k, t, seg, seq, row").to_arrow_table()
         aside = con.sql("SELECT * FROM f WHERE dup OR late ORDER BY seg, seq, row").to_arrow_table()

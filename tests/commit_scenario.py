@@ -387,15 +387,6 @@ def module_cli_env(s3_server, home: Path) -> dict[str, str]:
     return env
 
 
-def startup_scale(env: dict[str, str], pipeline: str, factor: float, floor: float) -> float:
-    """`factor` times the `wire` CLI's start-up on this machine (a timed `wire status` of
-    `pipeline`), at least `floor` s: the span random kill moments are drawn in, so that they fall
-    between a run's start and about its typical end on a fast machine and a loaded one alike."""
-    t0 = time.monotonic()
-    wire(["status", "--pipeline", pipeline], env)
-    return max(floor, (time.monotonic() - t0) * factor)
-
-
 def kill_at_random_moments(
     args: Sequence[str],
     env: dict[str, str],

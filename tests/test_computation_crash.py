@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import subprocess
 import time
 import uuid
 from dataclasses import replace
@@ -30,9 +32,11 @@ from commit_scenario import (
     module_cli_env,
     output_hashes,
     subprocess_env,
+    wait_for,
     wire,
+    wire_exe,
 )
-from test_computations import COMMON, ZOO, _events
+from test_computations import COMMON, ZOO, _events, results_in_store
 from wire_dagster import faults
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
@@ -166,6 +170,44 @@ def test_a_computation_run_killed_at_random_moments_then_restarted(template, s3_
     run = ["process", "--pipeline", "comp", "--max-epochs", "5"]
     assert kill_at_random_moments(run, env, rnd, 3, (0.1 * took, 0.9 * took), whole_epochs) >= 1
     wire(run, env)
+    _assert_equal_to_uninterrupted(st, env, want)
+
+
+def test_a_run_killed_while_its_results_wait_in_the_store_then_restarted(template, s3_server, tmp_path: Path) -> None:
+    """A job's results beyond the driver's room come through the store (computestage._Handover;
+    with WIRE_DRIVER_RESULT_BYTES=1, all of them). kill -9 of the real CLI's process group once
+    its task has written them and before it reads them: nothing is committed; the restart
+    commits what an uninterrupted run commits, through the store again, and deletes its own
+    handed-over objects; the killed run's, left in a staging that never commits, garbage
+    collection deletes."""
+    st, env, want = _fresh(template, s3_server)
+    env = dict(env, WIRE_DRIVER_RESULT_BYTES="1")
+    spec = _spec(env)
+    held = tmp_path / "after-spark.paused"
+    run = [wire_exe(), "process", "--pipeline", "comp", "--max-epochs", "5"]
+    log = tmp_path / "held.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            run,
+            env=dict(env, WIRE_PAUSE="after-spark", WIRE_PAUSE_DIR=str(tmp_path)),
+            start_new_session=True,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_for(held.exists, 300, proc, "the run held after its Spark job")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    left = results_in_store(st, "comp")
+    assert left, log.read_text()[-2000:]
+    assert Checkpoints(st, "comp").committed() == [1]
+    assert_committed_sound(st, spec)
+    wire(["process", "--pipeline", "comp", "--max-epochs", "5"], env)
+    _assert_equal_to_uninterrupted(st, env, want)
+    assert results_in_store(st, "comp") == left, "the restart's own read and deleted, the killed run's untouched"
+    wire(["gc", "--pipeline", "comp", "--grace", "0"], env)
+    assert results_in_store(st, "comp") == []
     _assert_equal_to_uninterrupted(st, env, want)
 
 

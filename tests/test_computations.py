@@ -437,6 +437,57 @@ def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp
     assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
 
 
+def results_in_store(store, name: str) -> list[str]:
+    """The objects a job of computations handed its results over in (computestage._Handover)."""
+    return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/results/" in o.key]
+
+
+def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
+    store, spark, tmp_path: Path, monkeypatch
+) -> None:
+    """Spark's driver holds a job's results whole, in a heap of fixed size (the embedded server's
+    2 GB stopped its SparkContext on one task's 450 MB): a job of computations hands its tables
+    over through Spark up to WIRE_DRIVER_RESULT_BYTES, each one beyond through the object store.
+    With no room at all, every table of every epoch comes through the store, in one task and by
+    key bucket alike; the committed records are those of a run through Spark alone, and no
+    handed-over object is left once read."""
+    from wire_dagster.objectstore import ObjectStore
+
+    rnd = random.Random(5)
+    mods = _modules(tmp_path / "m")
+    events = _events(rnd, 300)
+    f = tmp_path / "all.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    specs = {n: load_pipeline(_pipeline(mods, name=n)) for n in ("via_spark", "one_task", "bucketed")}
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", specs["via_spark"]), f, chunk_rows=50)
+    streams.close_stream(store, "clicks")
+    fetched: list[str] = []
+    get = ObjectStore.get
+
+    def spied(self, key: str) -> bytes:
+        if "/results/" in key:
+            fetched.append(key)
+        return get(self, key)
+
+    monkeypatch.setattr(ObjectStore, "get", spied)
+    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_ROWS", "120")  # three epochs of 150, 100 and 50 records
+    got = {}
+    for name, spec in specs.items():
+        monkeypatch.setenv("WIRE_DRIVER_RESULT_BYTES", "1" if name != "via_spark" else "134217728")
+        del fetched[:]
+        while computestage.process(store, spec, spark, max_epochs=5, single_task=name != "bucketed").committed:
+            pass
+        cp = Checkpoints(store, name)
+        assert sum(cp.load(n).counts.events_in for n in cp.committed()) == 300
+        got[name] = _committed(store, spec)
+        # per epoch at least its produced records, its state and its counters
+        epochs = len([n for n in cp.committed() if cp.load(n).counts.events_in])
+        assert (len(fetched) >= 3 * epochs) if name != "via_spark" else not fetched, (name, fetched)
+        assert all(k.startswith(f"pipelines/{name}/staging/") for k in fetched), fetched
+        assert results_in_store(store, name) == []
+    assert got["one_task"] == got["via_spark"] == got["bucketed"] and got["via_spark"]
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_the_stage_on_spark_equals_the_reference_and_replays_exactly(store, spark, tmp_path: Path, seed: int) -> None:
     rnd = random.Random(seed)

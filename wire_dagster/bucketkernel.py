@@ -27,6 +27,8 @@ it directly), and `pack`/`unpack` carry its tables through Spark as Arrow IPC by
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
 from .aggregates import SCALE, domain_reason, out_of_domain, partial_columns, source_column
@@ -38,8 +40,10 @@ from .spec import INPUT_SEP, SKETCH_FUNCS, VALUE_FUNCS, Aggregate, Pipeline, Win
 DUP = "_dup"  # set by Spark on the repeated ids of an epoch
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
-# One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects.
-PACKED_DDL = "epoch INT, kind STRING, w STRING, data BINARY"
+# One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects. `ref`: the
+# object holding the table's bytes when a computation's task handed them over through the store
+# (`data` then null; computestage._Handover).
+PACKED_DDL = "epoch INT, kind STRING, w STRING, data BINARY, ref STRING"
 
 
 def side_column(i: int, c: str) -> str:
@@ -593,14 +597,22 @@ def pack(tables: dict[tuple[str, str], pa.Table], epoch: int = 0) -> pa.Table:
             "kind": pa.array(kinds, pa.string()),
             "w": pa.array(names, pa.string()),
             "data": pa.array(blobs, pa.binary()),
+            "ref": pa.nulls(len(kinds), pa.string()),
         }
     )
 
 
-def unpack(packed: pa.Table, epochs: int = 1) -> list[dict[tuple[str, str], list[pa.Table]]]:
-    """Per epoch of the job (`epochs` of them), its tables by (kind, window)."""
+def unpack(
+    packed: pa.Table, epochs: int = 1, fetch: Callable[[str], bytes] | None = None
+) -> list[dict[tuple[str, str], list[pa.Table]]]:
+    """Per epoch of the job (`epochs` of them), its tables by (kind, window); `fetch(ref)`: the
+    bytes of a table handed over through the store."""
     out: list[dict[tuple[str, str], list[pa.Table]]] = [{} for _ in range(epochs)]
-    cols = (packed[c].to_pylist() for c in ("epoch", "kind", "w", "data"))
-    for epoch, kind, w, data in zip(*cols, strict=True):
+    cols = (packed[c].to_pylist() for c in ("epoch", "kind", "w", "data", "ref"))
+    for epoch, kind, w, data, ref in zip(*cols, strict=True):
+        if ref is not None:
+            if fetch is None:
+                raise RuntimeError(f"a task handed over {kind} through the store ({ref}), but nothing reads it")
+            data = fetch(ref)
         out[epoch].setdefault((kind, w), []).append(pa.ipc.open_stream(data).read_all())
     return out

@@ -31,7 +31,7 @@ POINTS = (
     "during-rewind",
 )
 #: Steps a test can hold a run at, but that are not crash points of the matrix.
-PAUSE_ONLY = ("before-spark",)
+PAUSE_ONLY = ("before-spark", "after-spark")
 
 _hits: dict[str, int] = {}
 _pause_hits: dict[str, int] = {}

@@ -4,7 +4,8 @@ default, so a bad value is one WireInputError naming the variable wherever the k
 WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JOB (a backlog's
 epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
 task), WIRE_COMPUTATION_EPOCH_ROWS (the input rows an epoch of computations reads at most),
-WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation owns).
+WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation owns),
+WIRE_DRIVER_RESULT_BYTES (the bytes of a computation job's results that travel through Spark).
 An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's own
 settings are in sparkconf.py / sparksession.py.
 """
@@ -26,6 +27,11 @@ SINGLE_TASK_ROWS = 2_000_000
 #: computations reads at most. NEXMark q7's pass-through of 9.2 M bids in one epoch ran a 4 GB
 #: driver out of heap collecting what it produced (benchmarks/nexmark_queries.py --events 10M).
 COMPUTATION_EPOCH_ROWS = 1_000_000
+#: Default of WIRE_DRIVER_RESULT_BYTES: the packed results of a job of computations that travel
+#: through Spark's driver to Wire; the rest goes through the object store. The embedded server's
+#: 2 GB driver took a task's 140 MB, hung on 300 MB and stopped its SparkContext on 450 MB; q7's
+#: 1 M-bid epoch (74 MB) took 1.1 s longer through the store (benchmarks/results/HISTORY.md).
+DRIVER_RESULT_BYTES = 128 << 20
 #: Default of WIRE_DERIVED_BLOCK_FILES: a derived stage's recomputation over more upstream
 #: partition files than this is split into Spark tasks by event time (derived._blocks).
 DERIVED_BLOCK_FILES = 8
@@ -64,6 +70,14 @@ def derived_block_files() -> int:
     """Upstream partition files one task of a derived stage's recomputation owns at most
     (WIRE_DERIVED_BLOCK_FILES, default DERIVED_BLOCK_FILES; 1: a task per upstream partition)."""
     return count("WIRE_DERIVED_BLOCK_FILES", None, DERIVED_BLOCK_FILES)
+
+
+def driver_result_bytes() -> int:
+    """The bytes of a job of computations' packed results (`computestage.compute`) that reach Wire
+    through Spark's driver, whose heap holds a job's results whole (WIRE_DRIVER_RESULT_BYTES,
+    default DRIVER_RESULT_BYTES); each table beyond them reaches it through the object store. A
+    job of several tasks (key buckets) gives each an equal share."""
+    return count("WIRE_DRIVER_RESULT_BYTES", None, DRIVER_RESULT_BYTES)
 
 
 def epochs_per_job() -> int:

@@ -1,0 +1,98 @@
+"""Check: an epoch of big records commits when its results exceed what Spark's driver holds.
+
+    .venv/bin/python benchmarks/big_records.py [--records 330000] [--record-bytes 1500] [--timeout 600]
+
+A stage of computations (the pass-through, as every join's raw input has) over one closed stream
+of `--records` records, each with about `--record-bytes` of incompressible text: one epoch under
+the 1 M-row bound (settings.COMPUTATION_EPOCH_ROWS) whose packed results are about records x
+record bytes (482 MB by default). `wire process`, attached to Wire's embedded Spark server (2 GB
+driver heap, as `wire dev` starts it), is run with `--timeout`, then once more if it did not
+finish. Before the job's results could go through the store (WIRE_DRIVER_RESULT_BYTES), both runs
+hung past 420 s on the default (benchmarks/results/HISTORY.md). Prints each run's exit and time
+and whether every record was committed once (the output read back: one row per record id); exits
+1 if not. The servers are stopped by their process groups at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import bench_servers, log
+
+PIPELINE = """name: big
+stream: recs
+event: {key: k, time: ts, id: id}
+watermark: {max_out_of_orderness: 4s, idle_timeout: 1m}
+partition: 1m
+start: "2026-01-01T00:00:00Z"
+end: "2026-01-02T00:00:00Z"
+computations:
+  - {name: records, input: recs, code: "wire_dagster.passthrough:Records", outputs: [records]}
+"""
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--records", type=int, default=330_000)
+    ap.add_argument("--record-bytes", type=int, default=1500)
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args()
+    from wire_dagster import computestage
+    from wire_dagster.spec import load_pipeline
+
+    notes: list[str] = []
+    with bench_servers("big-", "local[2]", True, notes) as sv:
+        d = sv.tmp / "pipelines"
+        d.mkdir()
+        (d / "big.yaml").write_text(PIPELINE)
+        rnd = random.Random(1)
+        f = sv.tmp / "recs.jsonl"
+        with f.open("w") as out:
+            for i in range(args.records):
+                extra = base64.b64encode(rnd.randbytes(args.record_bytes * 3 // 4)).decode()
+                out.write(json.dumps({"ts": T0 + i * 10, "id": f"r{i}", "k": f"k{i % 1000}", "extra": extra}) + "\n")
+        log(f"{args.records} records, {f.stat().st_size >> 20} MB of JSON")
+        store, env = sv.side(d, sv.tmp / "dagster", True, "local[2]")
+        wire = str(Path(sys.executable).parent / "wire")
+        for cmd in (["produce", "--stream", "recs", "--file", str(f)], ["close", "--stream", "recs"]):
+            subprocess.run([wire, *cmd], env=env, check=True, capture_output=True)
+        done = False
+        for attempt in (1, 2):
+            t = time.perf_counter()
+            proc = subprocess.Popen(
+                [wire, "process", "--pipeline", "big", "--max-epochs", "5"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                _, err = proc.communicate(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                log(f"`wire process` #{attempt}: still running after {args.timeout:.0f} s, killed")
+                continue
+            log(f"`wire process` #{attempt}: exit {proc.returncode} in {time.perf_counter() - t:.1f} s {err[-300:]}")
+            if proc.returncode == 0:
+                done = True
+                break
+        ids = [r["id"] for r in computestage.read_output(store, load_pipeline(d / "big.yaml"), "records")]
+        whole = done and len(ids) == len(set(ids)) == args.records
+        said = "every record once" if whole else "NOT every record once"
+        log(f"committed {len(ids)} records, {len(set(ids))} ids: {said}")
+        return 0 if whole else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

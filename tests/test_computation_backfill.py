@@ -439,7 +439,7 @@ def committed_bytes(store, spec) -> dict[tuple[str, int], str]:
 
 
 def scratch_keys(store, name: str) -> list[str]:
-    """A backfill's scratch objects (computestage._scratch_prefix)."""
+    """A backfill's scratch objects (handover.scratch_prefix)."""
     return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/backfill-state/" in o.key]
 
 

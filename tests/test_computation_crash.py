@@ -174,7 +174,7 @@ def test_a_computation_run_killed_at_random_moments_then_restarted(template, s3_
 
 
 def test_a_run_killed_while_its_results_wait_in_the_store_then_restarted(template, s3_server, tmp_path: Path) -> None:
-    """A job's results beyond the driver's room come through the store (computestage._Handover;
+    """A job's results beyond the driver's room come through the store (handover.Handover;
     with WIRE_DRIVER_RESULT_BYTES=1, all of them). kill -9 of the real CLI's process group once
     its task has written them and before it reads them: nothing is committed; the restart
     commits what an uninterrupted run commits, through the store again, and deletes its own

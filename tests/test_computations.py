@@ -438,7 +438,7 @@ def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp
 
 
 def results_in_store(store, name: str) -> list[str]:
-    """The objects a job of computations handed its results over in (computestage._Handover)."""
+    """The objects a job of computations handed its results over in (handover.Handover)."""
     return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/results/" in o.key]
 
 

@@ -41,8 +41,8 @@ DUP = "_dup"  # set by Spark on the repeated ids of an epoch
 IDS_W = "__ids"  # the `_w` of id-memory rows in the side table
 DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects. `ref`: the
-# object holding the table's bytes when a computation's task handed them over through the store
-# (`data` then null; computestage._Handover).
+# object holding the table's bytes when the task handed them over through the store
+# (`data` then null; handover.py).
 PACKED_DDL = "epoch INT, kind STRING, w STRING, data BINARY, ref STRING"
 
 

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,9 +78,10 @@ from .deliveries import ASIDE, MEMORY, Sync, new_aside, not_final, sync_changes
 from .errors import ObjectNotFound, ObjectStoreError, WireError, WireInputError
 from .events import ERR, FILTERED, ID, JSON, KEY, RECORDS, ROW, SEG, SEQ, SRC, TIME
 from .faults import fault, pause
+from .handover import Handover, scratch_prefix, unpacked
 from .kernel import DEAD_LETTER  # the dead letters' file, one schema for windows and computations
 from .manifest import Counts, FileRef, Manifest
-from .objectstore import ObjectStore, S3Config
+from .objectstore import ObjectStore
 from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
@@ -701,56 +702,6 @@ def _handed_over(out: dict[tuple[str, str], pa.Table], last: bool, carry_to: str
     return kept
 
 
-@dataclass
-class _Handover:
-    """How a task hands its packed tables to Wire: through Spark while their bytes fit `room`
-    (the task's share of `settings.driver_result_bytes`: Spark's driver holds a job's results
-    whole, in a heap of fixed size), each table beyond that as an object of its own under
-    `prefix` (`_scratch_prefix`), its key in the row's `ref` and its `data` null. Wire reads and
-    deletes them (`_unpacked`); garbage collection deletes those a killed run leaves."""
-
-    cfg: S3Config
-    prefix: str
-    room: int
-
-    def __call__(self, packed: pa.Table) -> pa.Table:
-        sizes = pc.binary_length(packed["data"]).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]  generated at import
-        if sum(sizes) <= self.room:
-            self.room -= sum(sizes)
-            return packed
-        import uuid
-
-        from .objectstore import ObjectStore
-
-        store = ObjectStore(self.cfg)
-        data, refs = packed["data"].to_pylist(), packed["ref"].to_pylist()
-        for i, n in enumerate(sizes):
-            if n <= self.room:
-                self.room -= n
-                continue
-            refs[i] = f"{self.prefix}{uuid.uuid4().hex}.arrow"
-            store.put(refs[i], data[i])
-            data[i] = None
-        packed = packed.set_column(packed.schema.get_field_index("data"), "data", pa.array(data, pa.binary()))
-        return packed.set_column(packed.schema.get_field_index("ref"), "ref", pa.array(refs, pa.string()))
-
-
-def _unpacked(store: ObjectStore, packed: pa.Table, epochs: int = 1) -> list[dict[tuple[str, str], list[pa.Table]]]:
-    """`bucketkernel.unpack` of a job's results, the tables handed over through the store read
-    from there, then deleted (if the store fails first, garbage collection deletes them)."""
-    from .bucketkernel import unpack
-
-    pause("after-spark")
-    refs = [r for r in packed["ref"].to_pylist() if r is not None]
-    out = unpack(packed, epochs, store.get)
-    if refs:
-        try:
-            store.delete_many(refs)
-        except ObjectStoreError:
-            pass
-    return out
-
-
 def compute(
     store: ObjectStore,
     spec: Pipeline,
@@ -774,7 +725,7 @@ def compute(
     from .bucketkernel import PACKED_DDL, pack
 
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
-    handover = _Handover(store.cfg, _scratch_prefix(store, spec, "results"), settings.driver_result_bytes())
+    handover = Handover(store.cfg, scratch_prefix(store, spec.name, "results"), settings.driver_result_bytes())
     keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [f for _, f in sync]
     hows = [s for s, _ in sync] if sync is not None else [None] * len(epochs)
     assert len(keys) == len(epochs) == len(hows)
@@ -810,11 +761,11 @@ def compute(
                     yield from handover(pack(out, epoch=i)).to_batches()
 
         packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
-        return [_gather(t) for t in _unpacked(store, packed, len(epochs))]
+        return [_gather(t) for t in unpacked(store, packed, len(epochs))]
     assert len(epochs) == 1, "a job of several epochs runs as one task"
     (_, w_prev, w_new) = epochs[0]
     packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, handover, hows[0]).toArrow()
-    res = _gather(_unpacked(store, packed)[0])
+    res = _gather(unpacked(store, packed)[0])
     if carry_to is not None and res.carried.num_rows:
         store.put(carry_to, parquet_bytes(res.carried))
         res.handed = res.carried.num_rows
@@ -829,7 +780,7 @@ def _bucketed(
     carried_key: str | None,
     w_prev: int,
     w_new: int,
-    handover: _Handover,
+    handover: Handover,
     how=None,
 ):
     """Spark reads the chunks and the carried state on the executors, brings each key bucket's
@@ -860,7 +811,7 @@ def _bucketed(
         carried = spark.createDataFrame([], from_arrow_schema(CARRIED_SCHEMA))
     del _read_key
     buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
-    handover = replace(handover, room=handover.room // buckets)
+    handover = handover.share(buckets)
 
     def one_bucket(ev: pa.Table, ca: pa.Table) -> pa.Table:
         comps = loaded.instances()
@@ -1084,7 +1035,7 @@ def recompute(
     each job computed as a live one (`compute`: one task carrying the state in memory from epoch
     to epoch, or one big epoch by key bucket). Between jobs the per-key state (and a derived
     input's memory) goes through the store, as between live jobs: the job's task writes it to a
-    scratch object (`_scratch_prefix`) that the next job's task reads, and the driver only ever
+    scratch object (`handover.scratch_prefix`) that the next job's task reads, and the driver only ever
     gets each job's produced records, of which it keeps the wanted partitions'. The scratch
     objects are deleted as soon as read and at the end; `progress(epochs done, epochs)` after
     each job."""
@@ -1115,7 +1066,7 @@ def recompute(
         return contents
     spark = started_session(spark)
     wanted, kept = set(partitions_), {}  # kept: (output, partition) -> its records, job by job
-    scratch = _scratch_prefix(store, spec, "backfill-state")
+    scratch = scratch_prefix(store, spec.name, "backfill-state")
     carried_key, carried_rows, done = None, 0, 0
     if progress:
         progress(0, len(epochs))
@@ -1140,22 +1091,11 @@ def recompute(
     finally:
         try:
             store.delete_many(o.key for o in store.list(scratch))
-        except ObjectStoreError:  # the store is down: garbage collection deletes them (_scratch_prefix)
+        except ObjectStoreError:  # the store is down: garbage collection deletes them (handover.scratch_prefix)
             pass
     for (w, p), tables in kept.items():
         contents[w][p] = merge_output(None, pa.concat_tables(tables))
     return contents
-
-
-def _scratch_prefix(store: ObjectStore, spec: Pipeline, what: str) -> str:
-    """Where objects that only pass from one Spark job or task to the next go: a backfill's state
-    between its jobs (`backfill-state`), a job's results beyond the driver's room (`results`,
-    _Handover). The staging of a run of its own that never commits
-    (`pipelines/<p>/staging/<run-id>/<what>/`): nothing else reads a staging it did not write
-    (each call is a new run id), so a scratch object a killed run leaves is inert, and garbage
-    collection (`Checkpoints.gc`, run after every tick that commits, and by `wire gc`) deletes
-    it as the staging of a run that never committed once it is older than the grace period."""
-    return Checkpoints(store, spec.name).staging_prefix(new_run_id()) + f"{what}/"
 
 
 def _keep_wanted(spec: Pipeline, prod: pa.Table, wanted: set[int], kept: dict[tuple[str, int], list[pa.Table]]) -> None:

@@ -38,6 +38,7 @@ from .checkpoint import Checkpoints, new_run_id, staged
 from .content import apply_changes
 from .errors import ObjectNotFound, WireInputError
 from .faults import fault
+from .handover import Handover, scratch_prefix, unpacked
 from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
@@ -425,7 +426,7 @@ def _compute(
     as numbers by earlier epochs, then every task's of this one): a task whose records of a field
     are all text where the join needs a number (`JoinTypeError`) is run again with the types the
     other tasks found; only a field no record ever held a number for is the one-line error."""
-    from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table, unpack
+    from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table
     from .events import ERR, FILTERED, KEY, ROW, TIME, chunk_schema
     from .expand import is_generated
     from .extract import pipeline_events
@@ -445,6 +446,9 @@ def _compute(
     joins_only = bool(joins) and not aggregating.windows  # a raw input's records need no event columns
 
     known = dict(numbers or {})
+    # each task's rows through Spark up to its share of the driver's room, the rest through the store
+    handover = Handover(store.cfg, scratch_prefix(store, spec.name, "results"), settings.driver_result_bytes())
+    handover = handover.share(len(blocks))
 
     def task(batches):
         for b in batches:  # the driving rows: block numbers
@@ -522,7 +526,7 @@ def _compute(
                 keep[("out", w.name)] = rows.filter(
                     pc.and_(mine, plan.computed(rows["window_start"], rows["window_end"]))  # pyright: ignore[reportAttributeAccessIssue]
                 )
-        yield from pack(keep).to_batches()
+        yield from handover(pack(keep)).to_batches()
 
     if not blocks:
         return Computed({}, (0, 0, 0), {}, known)
@@ -533,7 +537,7 @@ def _compute(
             ids = spark.range(0, len(blocks), 1, len(blocks))
         else:
             ids = spark.createDataFrame([(i,) for i in which], "id long").repartition(len(which))
-        return unpack(ids.mapInArrow(task, PACKED_DDL).toArrow())[0]
+        return unpacked(store, ids.mapInArrow(task, PACKED_DDL).toArrow())[0]
 
     tables = run(list(range(len(blocks))))
     for t in tables.get(("numbers", ""), []):

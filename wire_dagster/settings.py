@@ -5,7 +5,7 @@ WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JO
 epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
 task), WIRE_COMPUTATION_EPOCH_ROWS (the input rows an epoch of computations reads at most),
 WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation owns),
-WIRE_DRIVER_RESULT_BYTES (the bytes of a computation job's results that travel through Spark).
+WIRE_DRIVER_RESULT_BYTES (the bytes of a job's results that travel through Spark's driver).
 An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's own
 settings are in sparkconf.py / sparksession.py.
 """
@@ -27,7 +27,7 @@ SINGLE_TASK_ROWS = 2_000_000
 #: computations reads at most. NEXMark q7's pass-through of 9.2 M bids in one epoch ran a 4 GB
 #: driver out of heap collecting what it produced (benchmarks/nexmark_queries.py --events 10M).
 COMPUTATION_EPOCH_ROWS = 1_000_000
-#: Default of WIRE_DRIVER_RESULT_BYTES: the packed results of a job of computations that travel
+#: Default of WIRE_DRIVER_RESULT_BYTES: the packed results of a Spark job that travel
 #: through Spark's driver to Wire; the rest goes through the object store. The embedded server's
 #: 2 GB driver took a task's 140 MB, hung on 300 MB and stopped its SparkContext on 450 MB; q7's
 #: 1 M-bid epoch (74 MB) took 1.1 s longer through the store (benchmarks/results/HISTORY.md).
@@ -73,10 +73,10 @@ def derived_block_files() -> int:
 
 
 def driver_result_bytes() -> int:
-    """The bytes of a job of computations' packed results (`computestage.compute`) that reach Wire
-    through Spark's driver, whose heap holds a job's results whole (WIRE_DRIVER_RESULT_BYTES,
-    default DRIVER_RESULT_BYTES); each table beyond them reaches it through the object store. A
-    job of several tasks (key buckets) gives each an equal share."""
+    """The bytes of a Spark job's packed results (a stage of computations', a derived stage's
+    recomputation) that reach Wire through Spark's driver, whose heap holds a job's results whole
+    (WIRE_DRIVER_RESULT_BYTES, default DRIVER_RESULT_BYTES); each table beyond them reaches it
+    through the object store (handover.py). A job of several tasks gives each an equal share."""
     return count("WIRE_DRIVER_RESULT_BYTES", None, DRIVER_RESULT_BYTES)
 
 

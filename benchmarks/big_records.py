@@ -3,14 +3,17 @@
     .venv/bin/python benchmarks/big_records.py [--records 330000] [--record-bytes 1500] [--timeout 600]
 
 A stage of computations (the pass-through, as every join's raw input has) over one closed stream
-of `--records` records, each with about `--record-bytes` of incompressible text: one epoch under
-the 1 M-row bound (settings.COMPUTATION_EPOCH_ROWS) whose packed results are about records x
-record bytes (482 MB by default). `wire process`, attached to Wire's embedded Spark server (2 GB
-driver heap, as `wire dev` starts it), is run with `--timeout`, then once more if it did not
-finish. Before the job's results could go through the store (WIRE_DRIVER_RESULT_BYTES), both runs
-hung past 420 s on the default (benchmarks/results/HISTORY.md). Prints each run's exit and time
-and whether every record was committed once (the output read back: one row per record id); exits
-1 if not. The servers are stopped by their process groups at the end.
+of `--records` records, each with about `--record-bytes` of incompressible text: under the 1 M-row
+bound (settings.COMPUTATION_EPOCH_ROWS) one epoch of packed results of about records x record bytes
+(482 MB by default), more than Spark's driver holds; the 32 MB byte bound
+(settings.COMPUTATION_EPOCH_BYTES) splits it by chunk. `wire process`, attached to Wire's
+embedded Spark server (2 GB driver heap, as `wire dev` starts it), is run with `--timeout`, then
+once more if it did not finish. Before a job's results could go through the store
+(WIRE_DRIVER_RESULT_BYTES), both runs hung past 420 s (benchmarks/results/HISTORY.md).
+
+Prints each run's exit and time, the stored bytes and epochs, and whether every record was
+committed once (the output read back: one row per record id); exits 1 if not. The servers are
+stopped by their process groups at the end.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
     from wire_dagster import computestage
+    from wire_dagster.checkpoint import Checkpoints
     from wire_dagster.spec import load_pipeline
+    from wire_dagster.streams import read_inputs
 
     notes: list[str] = []
     with bench_servers("big-", "local[2]", True, notes) as sv:
@@ -87,7 +92,10 @@ def main() -> int:
             if proc.returncode == 0:
                 done = True
                 break
-        ids = [r["id"] for r in computestage.read_output(store, load_pipeline(d / "big.yaml"), "records")]
+        spec = load_pipeline(d / "big.yaml")
+        stored = sum(c.bytes for v in read_inputs(store, spec, {}).values() for c in v.chunks)
+        log(f"stored chunks {stored >> 20} MB; epochs committed: {len(Checkpoints(store, 'big').committed())}")
+        ids = [r["id"] for r in computestage.read_output(store, spec, "records")]
         whole = done and len(ids) == len(set(ids)) == args.records
         said = "every record once" if whole else "NOT every record once"
         log(f"committed {len(ids)} records, {len(set(ids))} ids: {said}")

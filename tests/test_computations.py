@@ -437,6 +437,47 @@ def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp
     assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
 
 
+def test_an_epoch_of_computations_reads_at_most_its_byte_budget(store, spark, tmp_path: Path, monkeypatch) -> None:
+    """Each table of a job's results is one packed Arrow value (at most 2 GB) that the task and
+    Wire hold whole, and big records make a row bound loose: an epoch, and a job, of a stage of
+    computations also read at most WIRE_COMPUTATION_EPOCH_BYTES of stored chunks, whole chunks,
+    at least one. The records are those of one epoch reading everything."""
+    from wire_dagster import reclock
+
+    rnd = random.Random(12)
+    mods = _modules(tmp_path / "m")
+    events = _events(rnd, 300)
+    f = tmp_path / "all.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    budgeted = load_pipeline(_pipeline(mods, name="byte_budgeted"))
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", budgeted), f, chunk_rows=25)  # 12 chunks
+    streams.close_stream(store, "clicks")
+    chunks = {c.seq: c for v in streams.read_inputs(store, budgeted, {}).values() for c in v.chunks}
+    assert len(chunks) == 12
+    budget = chunks[0].bytes + chunks[1].bytes + chunks[2].bytes // 2  # two chunks, not three
+
+    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_BYTES", str(budget))
+    job = reclock.plan_job(store, budgeted, reclock.from_manifest(None), 0, None, 20, None)
+    assert [len(p.chunks) for p in job] == [2]  # one epoch a job: a second would pass the budget
+    while engine.process(store, budgeted, spark, max_epochs=20, keep_epochs=50).committed:
+        pass
+    cp = Checkpoints(store, "byte_budgeted")
+    read = []
+    for n in cp.committed():
+        for first, last in cp.load(n).chunks.values():
+            read.append(sum(chunks[q].bytes for q in range(first, last + 1)))
+    assert sum(read) == sum(c.bytes for c in chunks.values()) and max(read) <= budget and len(read) > 4, read
+    assert sum(cp.load(n).counts.events_in for n in cp.committed()) == 300
+
+    monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_BYTES")  # the default (32 MB): one epoch for all
+    whole = load_pipeline(_pipeline(mods, name="whole_bytes"))
+    while engine.process(store, whole, spark, max_epochs=20).committed:
+        pass
+    last = Checkpoints(store, "whole_bytes").latest()
+    assert last is not None and last.counts.events_in == 300
+    assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
+
+
 def results_in_store(store, name: str) -> list[str]:
     """The objects a job of computations handed its results over in (handover.Handover)."""
     return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/results/" in o.key]

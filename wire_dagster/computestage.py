@@ -57,7 +57,7 @@ over a raw stream the recorded epochs' chunks and watermarks; over a derived str
 upstream epochs each epoch synced to (`replayed_epochs`), each epoch planned by `derived.plan_at`
 as a live epoch and a rewind's replay are. So it needs every upstream epoch the timeline read:
 one that garbage collection deleted upstream fails it with one line. Its epochs run in Spark jobs
-of at most `settings.epoch_rows` input rows, as a live backlog's, the state handed from one job
+within `settings.epoch_bound` (input rows, stored bytes), as a live backlog's, the state handed from one job
 to the next through a scratch object in the store: its memory is a job's, not the timeline's.
 """
 
@@ -1030,7 +1030,7 @@ def recompute(
     each epoch synced to (`replayed_epochs`, as a rewind's replay).
 
     Memory is bounded by a job, not by the timeline: the epochs run in Spark jobs grouped by the
-    live backlog's rule (`reclock.job_length`: at most `settings.epoch_rows` input rows a job,
+    live backlog's rule (`reclock.job_length`: within `settings.epoch_bound` a job,
     whole epochs, at least one; a derived epoch's rows are those of the upstream files it reads),
     each job computed as a live one (`compute`: one task carrying the state in memory from epoch
     to epoch, or one big epoch by key bucket). Between jobs the per-key state (and a derived
@@ -1073,7 +1073,7 @@ def recompute(
     try:
         while done < len(epochs):
             ahead = [c for c, _, _ in epochs[done : done + settings.epochs_per_job()]]
-            job = slice(done, done + reclock.job_length(ahead, carried_rows, settings.epoch_rows(spec)))
+            job = slice(done, done + reclock.job_length(ahead, carried_rows, settings.epoch_bound(spec)))
             handed_to = f"{scratch}after-{steps[job.stop - 1].epoch}.parquet"
             job_syncs = syncs[job] if syncs is not None else None
             results = compute(

@@ -96,7 +96,7 @@ def plan_epoch(spec: Pipeline, base: From, views: dict[str, SegmentView], now: i
         taken = _taken_for_target(views, base.replay[0]["remap"])
         decisions = base.replay[0]["decisions"]
     else:
-        taken = select_chunks(views, base.offsets, spec.max_chunks_per_epoch, settings.epoch_rows(spec))
+        taken = select_chunks(views, base.offsets, spec.max_chunks_per_epoch, settings.epoch_bound(spec))
     clock = advance(spec, base.segments, base.watermark, views, taken, now if now is not None else now_ms(), decisions)
     n_chunks = sum(len(v) for v in taken.values())
     if n_chunks == 0 and not base.replay and clock.watermark == base.watermark and clock.segments == base.segments:
@@ -127,21 +127,22 @@ def one_task(chunks: list[ChunkMeta], carried_rows: int) -> bool:
     return sum(c.rows for c in chunks) + carried_rows <= settings.single_task_rows()
 
 
-def job_length(epochs: list[list[ChunkMeta]], carried: int, max_rows: int | None = None) -> int:
+def job_length(epochs: list[list[ChunkMeta]], carried: int, bound: settings.EpochBound | None = None) -> int:
     """How many of the leading epochs (each given by its chunks) one Spark job computes, from
     state and id memory of `carried` rows: the first, and the ones after it while they fit one
     task together — at most `settings.epochs_per_job`, and each epoch's events with the next
     one's (the task reads an epoch's chunks while it computes the one before; it holds no other
-    epoch's events) plus the carried rows at most `settings.single_task_rows`; with `max_rows`
-    (`settings.epoch_rows`: a stage of computations, whose job hands the driver every epoch's
-    produced rows at once) also the job's events together. An epoch too big for one task is a
-    job of its own (computed by key bucket). The engine's backlog (`plan_job`) and a backfill's
-    replay of the timeline group their epochs by this one rule."""
-    n = total = 0
+    epoch's events) plus the carried rows at most `settings.single_task_rows`; with `bound`
+    (`settings.epoch_bound`: a stage of computations, whose job hands Wire every epoch's
+    produced rows at once) also the job's events and stored bytes together within it. An epoch
+    too big for one task is a job of its own (computed by key bucket). The engine's backlog
+    (`plan_job`) and a backfill's replay of the timeline group their epochs by this one rule."""
+    n = rows = nbytes = 0
     while n < min(len(epochs), settings.epochs_per_job()):
         fits = one_task([*(epochs[n - 1] if n else []), *epochs[n]], carried)  # held together
-        total += sum(c.rows for c in epochs[n])
-        if n and (not fits or (max_rows is not None and total > max_rows)):
+        rows += sum(c.rows for c in epochs[n])
+        nbytes += sum(c.bytes for c in epochs[n])
+        if n and (not fits or (bound is not None and bound.over(rows, nbytes))):
             break
         n += 1
         if not fits:
@@ -176,7 +177,7 @@ def plan_job(
         if plan.replayed:
             break
         base = plan.after()
-    batch = planned[: job_length([p.chunks for p in planned], carried, settings.epoch_rows(spec))]
+    batch = planned[: job_length([p.chunks for p in planned], carried, settings.epoch_bound(spec))]
     if progress:
         for plan in batch:
             progress(

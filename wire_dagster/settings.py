@@ -3,7 +3,8 @@ default, so a bad value is one WireInputError naming the variable wherever the k
 
 WIRE_KEEP_EPOCHS (committed epochs garbage collection keeps), WIRE_EPOCHS_PER_JOB (a backlog's
 epochs one Spark job computes), WIRE_SINGLE_TASK_ROWS (the size up to which an epoch is one Spark
-task), WIRE_COMPUTATION_EPOCH_ROWS (the input rows an epoch of computations reads at most),
+task), WIRE_COMPUTATION_EPOCH_ROWS and WIRE_COMPUTATION_EPOCH_BYTES (the input rows and stored
+bytes an epoch of computations reads at most),
 WIRE_DERIVED_BLOCK_FILES (the upstream files one task of a derived stage's recomputation owns),
 WIRE_DRIVER_RESULT_BYTES (the bytes of a job's results that travel through Spark's driver).
 An empty variable counts as unset (compose passes `VAR=` for "unset"). The Spark session's own
@@ -13,6 +14,7 @@ settings are in sparkconf.py / sparksession.py.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from .errors import WireInputError
 from .sparkconf import env_value
@@ -27,6 +29,12 @@ SINGLE_TASK_ROWS = 2_000_000
 #: computations reads at most. NEXMark q7's pass-through of 9.2 M bids in one epoch ran a 4 GB
 #: driver out of heap collecting what it produced (benchmarks/nexmark_queries.py --events 10M).
 COMPUTATION_EPOCH_ROWS = 1_000_000
+#: Default of WIRE_COMPUTATION_EPOCH_BYTES: the stored (Parquet, zstd) chunk bytes one epoch (and one
+#: Spark job) of a stage of computations reads at most. Its results are one packed Arrow value per
+#: table, at most 2 GB, held whole by the task and by Wire. NEXMark's bids pack to 5x their stored
+#: bytes (14.9 B a bid stored, 74 B packed), so 32 MB leaves q7's 1 M-row epochs (15 MB) whole and
+#: keeps an epoch of big records to some 160 MB of results (more for records that compress better).
+COMPUTATION_EPOCH_BYTES = 32 << 20
 #: Default of WIRE_DRIVER_RESULT_BYTES: the packed results of a Spark job that travel
 #: through Spark's driver to Wire; the rest goes through the object store. The embedded server's
 #: 2 GB driver took a task's 140 MB, hung on 300 MB and stopped its SparkContext on 450 MB; q7's
@@ -55,15 +63,31 @@ def keep_epochs(spec: Pipeline, value: int | None = None) -> int:
     return count("WIRE_KEEP_EPOCHS", value, spec.orchestration.keep_epochs)
 
 
-def epoch_rows(spec: Pipeline) -> int | None:
-    """The input rows one epoch of `spec` reads at most (whole chunks, at least one), and one
-    Spark job computes: None (no bound but `max_chunks_per_epoch`) for windows, whose results are
-    aggregates; for a stage of computations WIRE_COMPUTATION_EPOCH_ROWS, default
-    COMPUTATION_EPOCH_ROWS: it holds each record of an epoch, and a job hands the driver what
-    the records produced (the pass-through: every record) at once."""
+@dataclass(frozen=True)
+class EpochBound:
+    """What one epoch reads at most (whole chunks, at least one), and one Spark job computes:
+    `rows` input rows and `bytes` of stored chunks."""
+
+    rows: int
+    bytes: int
+
+    def over(self, rows: int, nbytes: int) -> bool:
+        return rows > self.rows or nbytes > self.bytes
+
+
+def epoch_bound(spec: Pipeline) -> EpochBound | None:
+    """What one epoch of `spec` reads at most, and one Spark job computes: None (no bound but
+    `max_chunks_per_epoch`) for windows, whose results are aggregates; for a stage of
+    computations WIRE_COMPUTATION_EPOCH_ROWS (default COMPUTATION_EPOCH_ROWS) input rows and
+    WIRE_COMPUTATION_EPOCH_BYTES (default COMPUTATION_EPOCH_BYTES) stored bytes: it holds each
+    record of an epoch, and a job hands Wire what the records produced (the pass-through: every
+    record) at once."""
     if not spec.computations:
         return None
-    return count("WIRE_COMPUTATION_EPOCH_ROWS", None, COMPUTATION_EPOCH_ROWS)
+    return EpochBound(
+        count("WIRE_COMPUTATION_EPOCH_ROWS", None, COMPUTATION_EPOCH_ROWS),
+        count("WIRE_COMPUTATION_EPOCH_BYTES", None, COMPUTATION_EPOCH_BYTES),
+    )
 
 
 def derived_block_files() -> int:

@@ -11,9 +11,13 @@ processing time, so they are recorded (in the epoch manifest) and replayed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 from .spec import Pipeline
 from .streams import ChunkMeta, SegmentView
+
+if TYPE_CHECKING:
+    from .settings import EpochBound
 from .timeutil import INF, NEG_INF
 
 
@@ -54,10 +58,10 @@ class EpochClock:
 
 
 def select_chunks(
-    views: dict[str, SegmentView], offsets: dict[str, int], budget: int, max_rows: int | None = None
+    views: dict[str, SegmentView], offsets: dict[str, int], budget: int, bound: EpochBound | None = None
 ) -> dict[str, list[ChunkMeta]]:
-    """Back-pressure: at most `budget` chunks, and at most `max_rows` rows unless one chunk alone
-    has more, the segments kept aligned in event time.
+    """Back-pressure: at most `budget` chunks, and within `bound`'s rows and stored bytes unless
+    one chunk alone is beyond them, the segments kept aligned in event time.
 
     The next chunk taken is always the segment head that starts earliest (`min_t`; a chunk
     with no valid event first), then the segment with fewer chunks taken so far, then the
@@ -68,15 +72,16 @@ def select_chunks(
     """
     queues = {s: list(v.chunks) for s, v in sorted(views.items())}
     out: dict[str, list[ChunkMeta]] = {s: [] for s in queues}
-    rows = 0
+    rows = nbytes = 0
     for n in range(budget):
         heads = [(q[0].min_t if q[0].min_t is not None else NEG_INF, len(out[s]), s) for s, q in queues.items() if q]
         if not heads:
             break
         s = min(heads)[2]
-        if n and max_rows is not None and rows + queues[s][0].rows > max_rows:
+        head = queues[s][0]
+        if n and bound is not None and bound.over(rows + head.rows, nbytes + head.bytes):
             break
-        rows += queues[s][0].rows
+        rows, nbytes = rows + head.rows, nbytes + head.bytes
         out[s].append(queues[s].pop(0))
     return out
 

@@ -403,11 +403,14 @@ def _produce_in_epochs(store, spec, tmp_path: Path, events: list[dict], rnd: ran
         pass
 
 
-def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp_path: Path, monkeypatch) -> None:
-    """A stage of computations holds every record of an epoch, and a Spark job hands the driver
-    what they all produced at once (NEXMark q7's pass-through of 9.2 M bids in one epoch ran a
-    4 GB driver out of heap): its epochs, and its jobs, read at most WIRE_COMPUTATION_EPOCH_ROWS
-    input rows, whole chunks. The records are those of one epoch reading everything."""
+@pytest.mark.parametrize("bound", ["rows", "bytes"])
+def test_an_epoch_of_computations_reads_at_most_its_budget(store, spark, tmp_path: Path, monkeypatch, bound) -> None:
+    """A stage of computations holds every record of an epoch, and a Spark job hands Wire what
+    they all produced at once (NEXMark q7's pass-through of 9.2 M bids in one epoch ran a 4 GB
+    driver out of heap; each table of the results is one packed value of at most 2 GB, and big
+    records make a row bound loose): its epochs, and its jobs, read at most
+    WIRE_COMPUTATION_EPOCH_ROWS input rows and WIRE_COMPUTATION_EPOCH_BYTES stored bytes, whole
+    chunks. The records are those of one epoch reading everything."""
     from wire_dagster import reclock
 
     rnd = random.Random(11)
@@ -418,62 +421,34 @@ def test_an_epoch_of_computations_reads_at_most_its_row_budget(store, spark, tmp
     budgeted = load_pipeline(_pipeline(mods, name="budgeted"))
     streams.produce(store, stream_spec("clicks", "ts", "event_id", budgeted), f, chunk_rows=25)  # 12 chunks
     streams.close_stream(store, "clicks")
-
-    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_ROWS", "60")
-    job = reclock.plan_job(store, budgeted, reclock.from_manifest(None), 0, None, 20, None)
-    assert [len(p.chunks) for p in job] == [2]  # 2 chunks of 25; a third would make 75; one epoch a job
-    while engine.process(store, budgeted, spark, max_epochs=20, keep_epochs=50).committed:
-        pass
-    cp = Checkpoints(store, "budgeted")
-    read = [cp.load(n).counts.events_in for n in cp.committed()]
-    assert sum(read) == 300 and max(read) <= 60 and len([n for n in read if n]) == 6, read
-
-    monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_ROWS")  # the default (1,000,000): one epoch for all
-    whole = load_pipeline(_pipeline(mods, name="whole"))
-    while engine.process(store, whole, spark, max_epochs=20).committed:
-        pass
-    last = Checkpoints(store, "whole").latest()
-    assert last is not None and last.counts.events_in == 300
-    assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
-
-
-def test_an_epoch_of_computations_reads_at_most_its_byte_budget(store, spark, tmp_path: Path, monkeypatch) -> None:
-    """Each table of a job's results is one packed Arrow value (at most 2 GB) that the task and
-    Wire hold whole, and big records make a row bound loose: an epoch, and a job, of a stage of
-    computations also read at most WIRE_COMPUTATION_EPOCH_BYTES of stored chunks, whole chunks,
-    at least one. The records are those of one epoch reading everything."""
-    from wire_dagster import reclock
-
-    rnd = random.Random(12)
-    mods = _modules(tmp_path / "m")
-    events = _events(rnd, 300)
-    f = tmp_path / "all.jsonl"
-    f.write_text("".join(json.dumps(e) + "\n" for e in events))
-    budgeted = load_pipeline(_pipeline(mods, name="byte_budgeted"))
-    streams.produce(store, stream_spec("clicks", "ts", "event_id", budgeted), f, chunk_rows=25)  # 12 chunks
-    streams.close_stream(store, "clicks")
     chunks = {c.seq: c for v in streams.read_inputs(store, budgeted, {}).values() for c in v.chunks}
     assert len(chunks) == 12
-    budget = chunks[0].bytes + chunks[1].bytes + chunks[2].bytes // 2  # two chunks, not three
+    if bound == "rows":
+        var, budget, size = "WIRE_COMPUTATION_EPOCH_ROWS", 60, lambda c: c.rows  # 25 + 25; a third: 75
+    else:  # two chunks' bytes and half a third's
+        var, budget, size = (
+            "WIRE_COMPUTATION_EPOCH_BYTES",
+            chunks[0].bytes + chunks[1].bytes + chunks[2].bytes // 2,
+            lambda c: c.bytes,
+        )
 
-    monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_BYTES", str(budget))
+    monkeypatch.setenv(var, str(budget))
     job = reclock.plan_job(store, budgeted, reclock.from_manifest(None), 0, None, 20, None)
     assert [len(p.chunks) for p in job] == [2]  # one epoch a job: a second would pass the budget
     while engine.process(store, budgeted, spark, max_epochs=20, keep_epochs=50).committed:
         pass
-    cp = Checkpoints(store, "byte_budgeted")
-    read = []
-    for n in cp.committed():
-        for first, last in cp.load(n).chunks.values():
-            read.append(sum(chunks[q].bytes for q in range(first, last + 1)))
-    assert sum(read) == sum(c.bytes for c in chunks.values()) and max(read) <= budget and len(read) > 4, read
-    assert sum(cp.load(n).counts.events_in for n in cp.committed()) == 300
+    cp = Checkpoints(store, "budgeted")
+    read = [
+        sum(size(chunks[q]) for a, b in cp.load(n).chunks.values() for q in range(a, b + 1)) for n in cp.committed()
+    ]
+    assert sum(read) == sum(size(c) for c in chunks.values()) and max(read) <= budget, read
+    assert len([r for r in read if r]) == 6 and sum(cp.load(n).counts.events_in for n in cp.committed()) == 300
 
-    monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_BYTES")  # the default (32 MB): one epoch for all
-    whole = load_pipeline(_pipeline(mods, name="whole_bytes"))
+    monkeypatch.delenv(var)  # the defaults (1,000,000 rows, 32 MB): one epoch for all
+    whole = load_pipeline(_pipeline(mods, name="whole"))
     while engine.process(store, whole, spark, max_epochs=20).committed:
         pass
-    last = Checkpoints(store, "whole_bytes").latest()
+    last = Checkpoints(store, "whole").latest()
     assert last is not None and last.counts.events_in == 300
     assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
 

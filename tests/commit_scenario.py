@@ -312,6 +312,27 @@ def staging_runs(store: ObjectStore, spec: Pipeline) -> set[str]:
     return {i.key[len(root) :].split("/", 1)[0] for i in store.list(root)}
 
 
+def scratch_objects(store: ObjectStore, pipeline: str, what: str) -> list[str]:
+    """The scratch objects of `pipeline` under `what` (handover.scratch_prefix): a job's results
+    handed over through the store ("results"), a backfill's state between jobs ("backfill-state")."""
+    return [o.key for o in store.list(f"pipelines/{pipeline}/staging/") if f"/{what}/" in o.key]
+
+
+def results_read(monkeypatch) -> list[str]:
+    """The keys of results handed over through the store (handover.Handover) that Wire reads from
+    now on, in order: a spy on this process's ObjectStore.get."""
+    read: list[str] = []
+    get = ObjectStore.get
+
+    def spied(self, key: str) -> bytes:
+        if "/results/" in key:
+            read.append(key)
+        return get(self, key)
+
+    monkeypatch.setattr(ObjectStore, "get", spied)
+    return read
+
+
 def output_hashes(m: Manifest) -> dict[str, dict[str, str]]:
     return {w: {p: r.sha256 for p, r in parts.items()} for w, parts in m.outputs.items()}
 

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from commit_scenario import scratch_objects
 from conftest import run_wire
 from test_computations import (
     COMPS,
@@ -438,11 +439,6 @@ def committed_bytes(store, spec) -> dict[tuple[str, int], str]:
     return {(w, int(p)): ref.sha256 for w, ps in m.outputs.items() for p, ref in ps.items()}
 
 
-def scratch_keys(store, name: str) -> list[str]:
-    """A backfill's scratch objects (handover.scratch_prefix)."""
-    return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/backfill-state/" in o.key]
-
-
 def in_one_job(monkeypatch) -> None:
     monkeypatch.delenv("WIRE_COMPUTATION_EPOCH_ROWS", raising=False)
     monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "1000")
@@ -527,7 +523,7 @@ def test_a_backfill_over_a_raw_stream_in_small_jobs_commits_the_bytes_of_one_job
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    left = scratch_keys(store, spec.name)
+    left = scratch_objects(store, spec.name, "backfill-state")
     assert len(left) == 1 and left[0].endswith(f"after-{steps[1].epoch}.parquet"), left
     assert cp.latest() == m1
 
@@ -537,7 +533,9 @@ def test_a_backfill_over_a_raw_stream_in_small_jobs_commits_the_bytes_of_one_job
     in_small_jobs(monkeypatch, 1)
     m2 = backfill(store, spec, spark, parts)
     assert m2 is not None and m2.kind == "backfill" and set(m2.changed) == {"zoo"}
-    assert scratch_keys(store, spec.name) == left, "its own scratch deleted, the dead one's untouched"
+    assert scratch_objects(store, spec.name, "backfill-state") == left, (
+        "its own scratch deleted, the dead one's untouched"
+    )
     in_one_job(monkeypatch)
     fresh, jobs = replayed(store, spec, spark, parts)
     assert jobs == 1 and {k: sha256(b) for k, b in fresh.items()} == committed_bytes(store, spec)
@@ -547,7 +545,7 @@ def test_a_backfill_over_a_raw_stream_in_small_jobs_commits_the_bytes_of_one_job
     # a tick: nothing to do, no failure; garbage collection deletes the dead backfill's scratch
     assert not computestage.process(store, spec, spark, max_epochs=1).committed
     cp.gc(keep=50, grace_s=0)
-    assert scratch_keys(store, spec.name) == [] and cp.latest() == m2 and not cp.verify(m2)
+    assert scratch_objects(store, spec.name, "backfill-state") == [] and cp.latest() == m2 and not cp.verify(m2)
 
 
 def test_a_backfill_over_a_derived_stream_in_small_jobs_commits_the_bytes_of_one_job(
@@ -590,7 +588,11 @@ def test_a_backfill_over_a_derived_stream_in_small_jobs_commits_the_bytes_of_one
 
     (pdir / "busy.py").write_text(BUSY.format(threshold=2))
     m2 = backfill(store, busy, spark, parts)
-    assert m2 is not None and m2.changed == {"busy": parts[:2]} and scratch_keys(store, "cb_busy") == []
+    assert (
+        m2 is not None
+        and m2.changed == {"busy": parts[:2]}
+        and scratch_objects(store, "cb_busy", "backfill-state") == []
+    )
     in_one_job(monkeypatch)
     fresh, jobs = replayed(store, busy, spark, parts)
     assert jobs == 1 and {k: sha256(b) for k, b in fresh.items()} == committed_bytes(store, busy)

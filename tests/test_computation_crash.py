@@ -31,12 +31,13 @@ from commit_scenario import (
     kill_at_random_moments,
     module_cli_env,
     output_hashes,
+    scratch_objects,
     subprocess_env,
     wait_for,
     wire,
     wire_exe,
 )
-from test_computations import COMMON, ZOO, _events, results_in_store
+from test_computations import COMMON, ZOO, _events
 from wire_dagster import faults
 from wire_dagster.checkpoint import Checkpoints
 from wire_dagster.objectstore import ObjectStore
@@ -199,15 +200,17 @@ def test_a_run_killed_while_its_results_wait_in_the_store_then_restarted(templat
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    left = results_in_store(st, "comp")
+    left = scratch_objects(st, "comp", "results")
     assert left, log.read_text()[-2000:]
     assert Checkpoints(st, "comp").committed() == [1]
     assert_committed_sound(st, spec)
     wire(["process", "--pipeline", "comp", "--max-epochs", "5"], env)
     _assert_equal_to_uninterrupted(st, env, want)
-    assert results_in_store(st, "comp") == left, "the restart's own read and deleted, the killed run's untouched"
+    assert scratch_objects(st, "comp", "results") == left, (
+        "the restart's own read and deleted, the killed run's untouched"
+    )
     wire(["gc", "--pipeline", "comp", "--grace", "0"], env)
-    assert results_in_store(st, "comp") == []
+    assert scratch_objects(st, "comp", "results") == []
     _assert_equal_to_uninterrupted(st, env, want)
 
 

@@ -453,11 +453,6 @@ def test_an_epoch_of_computations_reads_at_most_its_budget(store, spark, tmp_pat
     assert _committed(store, budgeted) == _committed(store, whole) and _committed(store, whole)
 
 
-def results_in_store(store, name: str) -> list[str]:
-    """The objects a job of computations handed its results over in (handover.Handover)."""
-    return [o.key for o in store.list(f"pipelines/{name}/staging/") if "/results/" in o.key]
-
-
 def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
     store, spark, tmp_path: Path, monkeypatch
 ) -> None:
@@ -467,7 +462,7 @@ def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
     With no room at all, every table of every epoch comes through the store, in one task and by
     key bucket alike; the committed records are those of a run through Spark alone, and no
     handed-over object is left once read."""
-    from wire_dagster.objectstore import ObjectStore
+    from commit_scenario import results_read, scratch_objects
 
     rnd = random.Random(5)
     mods = _modules(tmp_path / "m")
@@ -477,15 +472,7 @@ def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
     specs = {n: load_pipeline(_pipeline(mods, name=n)) for n in ("via_spark", "one_task", "bucketed")}
     streams.produce(store, stream_spec("clicks", "ts", "event_id", specs["via_spark"]), f, chunk_rows=50)
     streams.close_stream(store, "clicks")
-    fetched: list[str] = []
-    get = ObjectStore.get
-
-    def spied(self, key: str) -> bytes:
-        if "/results/" in key:
-            fetched.append(key)
-        return get(self, key)
-
-    monkeypatch.setattr(ObjectStore, "get", spied)
+    fetched = results_read(monkeypatch)
     monkeypatch.setenv("WIRE_COMPUTATION_EPOCH_ROWS", "120")  # three epochs of 150, 100 and 50 records
     got = {}
     for name, spec in specs.items():
@@ -500,7 +487,7 @@ def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
         epochs = len([n for n in cp.committed() if cp.load(n).counts.events_in])
         assert (len(fetched) >= 3 * epochs) if name != "via_spark" else not fetched, (name, fetched)
         assert all(k.startswith(f"pipelines/{name}/staging/") for k in fetched), fetched
-        assert results_in_store(store, name) == []
+        assert scratch_objects(store, name, "results") == []
     assert got["one_task"] == got["via_spark"] == got["bucketed"] and got["via_spark"]
 
 

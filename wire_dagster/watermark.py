@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from .spec import Pipeline
 from .streams import ChunkMeta, SegmentView
+from .timeutil import INF, NEG_INF
 
 if TYPE_CHECKING:
     from .settings import EpochBound
-from .timeutil import INF, NEG_INF
 
 
 @dataclass(frozen=True)

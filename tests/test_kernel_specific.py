@@ -12,6 +12,7 @@ import json
 import pytest
 
 import reference
+from commit_scenario import results_read, scratch_objects
 from kernel_harness import (
     KernelRun,
     check_balance,
@@ -180,9 +181,18 @@ def _produce(store, spec, tmp_path, segment: str, records: list, name: str):
     return out
 
 
-@pytest.mark.parametrize("single_task_rows", ["0", "1000000"], ids=["key buckets", "single task"])
-def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypatch, single_task_rows):
+@pytest.mark.parametrize(
+    ("single_task_rows", "room"),
+    [("0", None), ("1000000", None), ("0", "1")],
+    ids=["key buckets", "single task", "key buckets, results through the store"],
+)
+def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypatch, single_task_rows, room):
+    """With a room of 1 byte (WIRE_DRIVER_RESULT_BYTES) every bucket's tables come to Wire
+    through the store (handover.py), are read from there, then deleted."""
     monkeypatch.setenv("WIRE_SINGLE_TASK_ROWS", single_task_rows)
+    if room is not None:
+        monkeypatch.setenv("WIRE_DRIVER_RESULT_BYTES", room)
+    fetched = results_read(monkeypatch)
     spec = pipeline_from_dict(PIPE)
     assert "f_user" in events.chunk_schema(spec).names  # count_distinct(user) stores the field
     ref = reference.RefState()
@@ -228,6 +238,8 @@ def test_real_path_s3_engine_matches_reference(store, spark, tmp_path, monkeypat
         assert not problems, "\n".join(problems)
         assert m3.totals.counted[w.name] == ref.window_counts[w.name]["counted"]
         assert m3.totals.late[w.name] == ref.window_counts[w.name]["late"]
+    assert bool(fetched) == (room is not None), fetched
+    assert scratch_objects(store, spec.name, "results") == [], "each read and deleted"
     # The retry of the first chunk: ids are kept until t + extent 10 + lateness 10 > W, so at
     # W = 25 x1 (t=1) and x2 (t=3) are forgotten — and late anyway — while x3, x4 are duplicates.
     assert m3.totals.duplicate == ref.counts["duplicate"] == 2

@@ -725,7 +725,7 @@ def compute(
     from .bucketkernel import PACKED_DDL, pack
 
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
-    handover = Handover(store.cfg, scratch_prefix(store, spec.name, "results"), settings.driver_result_bytes())
+    handover = Handover.of_results(store, spec.name)
     keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [f for _, f in sync]
     hows = [s for s, _ in sync] if sync is not None else [None] * len(epochs)
     assert len(keys) == len(epochs) == len(hows)

@@ -38,7 +38,7 @@ from .checkpoint import Checkpoints, new_run_id, staged
 from .content import apply_changes
 from .errors import ObjectNotFound, WireInputError
 from .faults import fault
-from .handover import Handover, scratch_prefix, unpacked
+from .handover import Handover, unpacked
 from .manifest import Counts, FileRef, Manifest
 from .objectstore import ObjectStore
 from .outcome import Outcome
@@ -447,7 +447,7 @@ def _compute(
 
     known = dict(numbers or {})
     # each task's rows through Spark up to its share of the driver's room, the rest through the store
-    handover = Handover(store.cfg, scratch_prefix(store, spec.name, "results"), settings.driver_result_bytes())
+    handover = Handover.of_results(store, spec.name)
     handover = handover.share(len(blocks))
 
     def task(batches):

@@ -217,9 +217,9 @@ def compute(
     try:
         if len(epochs) == 1 and not reclock.one_task(epochs[0][0], carried_rows):
             _, w_prev, w_new = epochs[0]
-            return [run_epoch(spark, spec, events[0], state, ids, w_prev, w_new, single_task=False)]
+            return [run_epoch(spark, spec, events[0], state, ids, w_prev, w_new, store=store)]
         inputs = [(ev, w_prev, w_new) for ev, (_, w_prev, w_new) in zip(events, epochs, strict=True)]
-        return run_epochs(spark, spec, inputs, state, ids)
+        return run_epochs(spark, spec, inputs, state, ids, store)
     except WireError:
         raise
     except Exception:  # Spark wraps executor I/O errors in its own exceptions

@@ -8,8 +8,8 @@ epoch whose results do not fit would fail, or hang, the same way on every retry,
 planned again from the same chunks: its pipeline would be blocked. So a task hands its tables
 through Spark while they fit its share of `settings.driver_result_bytes` and puts each one beyond
 in the store (`Handover`); Wire reads and deletes them (`unpacked`). A stage of computations
-(computestage.py) and a derived stage's recomputation (derived.py) hand their results over so;
-the window kernel's jobs stop once their results reach `kernel.JOB_RESULT_BYTES` instead.
+(computestage.py), a derived stage's recomputation (derived.py) and the window kernel (kernel.py)
+hand their results over so.
 
 Such objects live under `scratch_prefix`: the staging of a run of its own that never commits.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import settings
 from .bucketkernel import unpack
 from .checkpoint import Checkpoints, new_run_id
 from .errors import ObjectStoreError
@@ -50,6 +51,12 @@ class Handover:
     cfg: S3Config
     prefix: str
     room: int
+
+    @classmethod
+    def of_results(cls, store: ObjectStore, pipeline: str) -> Handover:
+        """The hand-over of a Spark job's results for `pipeline`: the room through Spark is
+        `settings.driver_result_bytes`, the rest goes under a new `results` scratch prefix."""
+        return cls(store.cfg, scratch_prefix(store, pipeline, "results"), settings.driver_result_bytes())
 
     def share(self, tasks: int) -> Handover:
         """This room split among the `tasks` of one job (a job by key bucket, by block)."""

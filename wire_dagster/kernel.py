@@ -55,6 +55,8 @@ from .bucketkernel import (
 )
 from .events import ERR, ID, KEY, RECORDS, ROW, SRC, TIME, chunk_schema
 from .extract import pipeline_events, read_schema
+from .handover import Handover, unpacked
+from .objectstore import ObjectStore
 from .spec import INPUT_SEP, Pipeline, WindowSpec, field_column
 from .streams import ChunkMeta
 
@@ -327,6 +329,7 @@ def run_epoch(
     w_prev: int,
     w_new: int,
     single_task: bool = False,
+    store: ObjectStore | None = None,
 ) -> EpochResult:
     """Process one epoch's events: its chunks in the store (`epoch_chunks`), or an Arrow table
     of chunk columns plus `_seg`, `_seq` (tests). The carried window state and id memory are
@@ -335,13 +338,25 @@ def run_epoch(
     `single_task`: the whole epoch in one Spark task that reads the chunks itself, with no
     shuffle (for an epoch small enough for one worker, see `settings.single_task_rows`):
     the same results, without the fixed cost of stages and of handing the events from Python
-    to the JVM and back."""
+    to the JVM and back.
+
+    `store`: where the tables beyond the driver's room go (handover.py); None: every table
+    through Spark (tests of the kernel alone)."""
     from pyspark.sql import functions as F
 
     if single_task:
-        return run_epochs(spark, spec, [(events, w_prev, w_new)], state, ids)[0]
-    packed = _bucketed(spark, F, spec, _frame_of(spark, events, spec), state, ids, w_prev, w_new)
-    return _gather(spark, F, spec, events, unpack(packed.toArrow())[0])
+        return run_epochs(spark, spec, [(events, w_prev, w_new)], state, ids, store)[0]
+    handover = _handover(store, spec)
+    packed = _bucketed(spark, F, spec, _frame_of(spark, events, spec), state, ids, w_prev, w_new, handover)
+    return _gather(spark, F, spec, events, _unpacked(store, packed.toArrow(), 1)[0])
+
+
+def _handover(store: ObjectStore | None, spec: Pipeline) -> Handover | None:
+    return Handover.of_results(store, spec.name) if store is not None else None
+
+
+def _unpacked(store: ObjectStore | None, packed: pa.Table, epochs: int) -> list[dict]:
+    return unpacked(store, packed, epochs) if store is not None else unpack(packed, epochs)
 
 
 def run_epochs(
@@ -350,6 +365,7 @@ def run_epochs(
     epochs: list[tuple[Chunks | pa.Table, int, int]],
     state: dict[str, pa.Table | Stored | None],
     ids: pa.Table | Stored | None,
+    store: ObjectStore | None = None,
 ) -> list[EpochResult]:
     """Consecutive epochs, each (events, W before, W after), in ONE Spark task: the state and
     id memory each epoch leaves are carried in the task's memory to the next (sorted as the
@@ -363,12 +379,12 @@ def run_epochs(
     the epochs it computed, a prefix of `epochs` (at least the first), are returned."""
     from pyspark.sql import functions as F
 
-    packed = _one_task(spark, spec, epochs, state, ids).toArrow()
+    packed = _one_task(spark, spec, epochs, state, ids, _handover(store, spec)).toArrow()
     # Every computed epoch has its one-row ("n", "") table, so the computed prefix is known.
     done = max(packed["epoch"].to_pylist(), default=-1) + 1
     if done == 0:
         raise RuntimeError("the kernel's task returned no epoch")
-    per_epoch = unpack(packed, len(epochs))[:done]
+    per_epoch = _unpacked(store, packed, len(epochs))[:done]
     return [
         _gather(spark, F, spec, ev, tables) for (ev, _, _), tables in zip(epochs, per_epoch, strict=False)
     ]  # the epochs computed
@@ -387,7 +403,9 @@ def _frame_of(spark, events: Chunks | pa.Table, errors_of: Pipeline | None = Non
     return spark.createDataFrame(t)
 
 
-def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, int]], state, ids):
+def _one_task(
+    spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, int]], state, ids, handover: Handover | None
+):
     """`bucket_epoch` over every event of each epoch in turn, with the window state and the id
     memory carried from one to the next (it also flags the repeated ids): one Spark stage of
     one task, driven by a one-row DataFrame."""
@@ -423,8 +441,8 @@ def _one_task(spark, spec: Pipeline, epochs: list[tuple[Chunks | pa.Table, int, 
                     nxt = ahead.submit(events_of, epochs[i + 1][0])
                 out = bucket_epoch(spec, ev, side, w_prev, w_new, threads=threads)
                 packed = pack(out, epoch=i)
-                yield from packed.to_batches()
                 sent += packed.nbytes
+                yield from (handover(packed) if handover is not None else packed).to_batches()
                 if sent >= budget:
                     break  # the results the driver receives at once stay bounded: the rest is the next job's
                 if i + 1 < len(epochs):
@@ -442,7 +460,7 @@ def _load(src: pa.Table | Stored | None) -> pa.Table | None:
     return _read_key(_fs(src.fs_options), src.bucket, src.key, None, []) if isinstance(src, Stored) else src
 
 
-def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int):
+def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_new: int, handover: Handover | None):
     """Spark de-duplicates ids over the epoch, then shuffles events and carried rows by key
     bucket; each bucket's windows are computed by DuckDB in one Python worker."""
     from pyspark.sql import Window as SW
@@ -468,8 +486,11 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
     buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
     side = _side(spark, F, spec, state, seen).withColumn("_b", _bucket(F, "key", buckets))
 
+    share = handover.share(buckets) if handover is not None else None
+
     def one_bucket(events: pa.Table, carried: pa.Table) -> pa.Table:
-        return pack(bucket_epoch(spec, events, carried, w_prev, w_new))
+        packed = pack(bucket_epoch(spec, events, carried, w_prev, w_new))
+        return share(packed) if share is not None else packed
 
     return (
         ev.withColumn("_b", _bucket(F, KEY, buckets))

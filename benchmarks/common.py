@@ -8,6 +8,7 @@ machine and software lines and the report file."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -659,15 +660,30 @@ def git(*args: str) -> str | None:
         return None
 
 
+#: The tree's code: what a measured run imports.
+CODE = ("wire_dagster", "assets", "sensors", "resources", "definitions.py", "benchmarks")
+
+
 def git_commit() -> str:
-    """HEAD's short hash ("?" without git)."""
+    """HEAD's short hash ("?" without git) and, when the code differs from it, the files that
+    differ and the first 8 hex digits of the difference's sha256: the two sides of an A/B of
+    uncommitted changes tell apart."""
     out = git("rev-parse", "--short", "HEAD")
-    return "?" if out is None else out.strip()
+    dirty = git("status", "--porcelain", "--", *CODE)
+    if out is None or dirty is None:
+        return "?"
+    files = [line[3:] for line in dirty.split("\n") if line.strip()]
+    if not files:
+        return out.strip()
+    diff = (git("diff", "HEAD", "--", *CODE) or "").encode()
+    return (
+        f"{out.strip()} (uncommitted changes in {', '.join(files)}; diff sha256 {hashlib.sha256(diff).hexdigest()[:8]})"
+    )
 
 
 def software_line() -> str:
     """The report's software line: versions and the commit measured."""
-    return f"- software: {versions()}; commit {git_commit()} (plus uncommitted changes in the working tree, if any)"
+    return f"- software: {versions()}; commit {git_commit()}"
 
 
 def raw_details(raw) -> str:

@@ -51,10 +51,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import md_table, save_report
+from benchmarks.common import git_commit, md_table, save_report
 from benchmarks.stack import (
     BenchStack,
-    git_rev,
     install_signal_handlers,
     partition_key,
     pct,
@@ -310,7 +309,7 @@ def report(args, rows: list[Row], warm: list[Row], load0: str, load1: str, ticks
     import itertools
     import os
 
-    rev = f"{args.rev0} at the start, {git_rev()} at the end"
+    rev = f"{args.rev0} at the start, {git_commit()} at the end"
     ps = [phases(r) for r in rows]
     totals = [r.total for r in rows]
     mean_total = sum(totals) / len(totals)
@@ -474,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     args.instance_overrides = overrides or None
 
     install_signal_handlers()
-    args.rev0 = git_rev()
+    args.rev0 = git_commit()
     from wire_dagster.streams import produce
 
     n_total = args.warmup + args.partitions

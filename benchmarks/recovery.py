@@ -50,12 +50,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import comma_list, save_report
+from benchmarks.common import comma_list, git_commit, save_report
 from benchmarks.latency import OOO, CommitWatcher, M, chunk_events, pipeline_dict, run_phases, wait
 from benchmarks.stack import (
     ACTIVE,
     BenchStack,
-    git_rev,
     install_signal_handlers,
     partition_key,
     uptime,
@@ -470,7 +469,7 @@ def report(args, results: list[dict], load0: str, load1: str, wall: float) -> st
 
     from benchmarks.common import md_table
 
-    rev = f"{args.rev0} at the start, {git_rev()} at the end"
+    rev = f"{args.rev0} at the start, {git_commit()} at the end"
 
     def recovery(r: dict) -> str:
         if r.get("kill_to_commit") is None:
@@ -620,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     if not names or any(s not in SCENARIOS for s in names) or args.warmup < 1:
         ap.error(f"--scenarios: some of {', '.join(SCENARIOS)}; --warmup >= 1")
     install_signal_handlers()
-    args.rev0 = git_rev()
+    args.rev0 = git_commit()
     load0 = uptime()
     start = time.monotonic()
     results = []

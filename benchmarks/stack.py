@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from benchmarks.common import CONNECT_CONF, clean_env, git, git_commit
+from benchmarks.common import CONNECT_CONF, clean_env
 from wire_dagster.procgroup import Proc, free_port, wait_until
 
 if TYPE_CHECKING:
@@ -393,16 +393,6 @@ class BenchStack:
         from wire_dagster.checkpoint import Checkpoints
 
         return Checkpoints(self.store, self.spec.name).load(epoch)
-
-
-def git_rev() -> str:
-    """HEAD, plus the code files runs import that differ from it (others edit this working tree meanwhile)."""
-    rev = git_commit() or "?"
-    dirty = git("status", "--porcelain", "--", "wire_dagster", "assets", "sensors", "resources", "definitions.py")
-    if dirty is None:
-        return "?"
-    files = [line[3:] for line in dirty.split("\n") if line.strip()]
-    return rev + (f" (uncommitted changes in {', '.join(files)})" if files else "")
 
 
 def load_average() -> str:

@@ -184,3 +184,22 @@ def test_session_groups_leave_what_could_overflow_or_is_null_to_sql():
     )
     groups = session_groups(empty)
     assert groups is not None and groups.to_pylist() == []
+
+
+def test_a_table_past_pack_bytes_is_packed_as_slices_that_unpack_to_it(monkeypatch):
+    """A table bigger than PACK_BYTES goes as several packed rows (one Arrow or Spark binary value
+    holds less than 2 GB): `unpack` gives its slices in order, together the table, row for row."""
+    import wire_dagster.bucketkernel as bk
+
+    rnd = random.Random(5)
+    big = pa.table(
+        {"k": [f"k{i}" for i in range(1000)], "text": [rnd.randbytes(rnd.randint(0, 300)) for _ in range(1000)]}
+    )
+    small = pa.table({"n": [7]})
+    monkeypatch.setattr(bk, "PACK_BYTES", 10_000)
+    packed = pack({("produced", ""): big, ("n", ""): small}, epoch=1)
+    kinds = packed["kind"].to_pylist()
+    assert kinds.count("produced") >= big.nbytes // 10_000 and kinds.count("n") == 1
+    assert max(len(b) for b in packed["data"].to_pylist()) < 3 * 10_000  # no slice far past the bound
+    out = unpack(packed, 2)[1]
+    assert pa.concat_tables(out[("produced", "")]).equals(big) and out[("n", "")] == [small]

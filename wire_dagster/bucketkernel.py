@@ -578,19 +578,28 @@ def side_table(spec: Pipeline, state: dict[str, pa.Table | None], ids: pa.Table 
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
+#: About the most bytes of a table one packed row holds (before compression): a bigger table is
+#: packed as several rows of consecutive slices. One Arrow binary value, and one Spark BINARY
+#: value, hold less than 2 GB: a chunk of 60,000 records of 40 KB passed through whole did not fit.
+PACK_BYTES = 64 << 20
+
+
 def pack(tables: dict[tuple[str, str], pa.Table], epoch: int = 0) -> pa.Table:
-    """Tables as rows of (epoch, kind, w, Arrow IPC bytes): one Spark row each, whatever their
-    schema; `epoch` is the table's place among the epochs of one Spark job (0 for a job of one)."""
+    """Tables as rows of (epoch, kind, w, Arrow IPC bytes), whatever their schema: a row each, or
+    a row per slice of PACK_BYTES for a bigger one (`unpack` gives a table's slices in order);
+    `epoch` is the table's place among the epochs of one Spark job (0 for a job of one)."""
     kinds, names, blobs = [], [], []
     for (kind, w), t in tables.items():
         if t.num_rows == 0:
             continue
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, t.schema, options=_IPC) as wr:
-            wr.write_table(t)
-        kinds.append(kind)
-        names.append(w)
-        blobs.append(sink.getvalue().to_pybytes())
+        step = max(1, t.num_rows * PACK_BYTES // max(1, t.nbytes))
+        for lo in range(0, t.num_rows, step):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, t.schema, options=_IPC) as wr:
+                wr.write_table(t.slice(lo, step))
+            kinds.append(kind)
+            names.append(w)
+            blobs.append(sink.getvalue().to_pybytes())
     return pa.table(
         {
             "epoch": pa.array([epoch] * len(kinds), pa.int32()),

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .aggregates import OUTPUT_TYPES
+from .bigarrow import sorted_rows
 from .checkpoint import Checkpoints
 from .manifest import FileRef
 from .objectstore import ObjectStore
@@ -47,33 +48,6 @@ def read_results(store: ObjectStore, spec: Pipeline, window: str, partitions: li
     if not tables:
         return empty_output(spec, window)
     return sorted_rows(pa.concat_tables(tables), [("key", "ascending"), ("window_start", "ascending")])
-
-
-#: The bytes one Arrow array of string, binary or list values holds at most (32-bit offsets).
-ONE_ARRAY_BYTES = (1 << 31) - 1
-
-
-def sorted_rows(t: pa.Table, keys: list[tuple[str, str]]) -> pa.Table:
-    """`t.sort_by(keys)`, for tables of any size: a sort gathers each column into one array, so a
-    column of ONE_ARRAY_BYTES or more (2.1 GB of a window's text, read whole) is sorted, and comes
-    back, as its large type (64-bit offsets: `large_string` for `string`, ...); the others keep theirs."""
-    if any(c.nbytes >= ONE_ARRAY_BYTES for c in t.columns):
-        t = t.cast(
-            pa.schema([f.with_type(_large(f.type)) if t[f.name].nbytes >= ONE_ARRAY_BYTES else f for f in t.schema])
-        )
-    return t.sort_by(keys)
-
-
-def _large(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_string(t):
-        return pa.large_string()
-    if pa.types.is_binary(t):
-        return pa.large_binary()
-    if pa.types.is_list(t):
-        return pa.large_list(t.value_field.with_type(_large(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_large(f.type)) for f in t])
-    return t
 
 
 def empty_output(spec: Pipeline, window: str) -> pa.Table:

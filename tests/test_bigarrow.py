@@ -1,10 +1,11 @@
-"""Reading a window's results whole: sorted by key and window start, whatever their size."""
+"""Columns past one Arrow array's 2 GB (bigarrow.py): sorted, gathered and handed back whole."""
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wire_dagster.results import ONE_ARRAY_BYTES, sorted_rows
+import wire_dagster.bigarrow as ba
+from wire_dagster.bigarrow import ONE_ARRAY_BYTES, in_chunks, one_array, sorted_rows
 
 KEYS = [("key", "ascending"), ("window_start", "ascending")]
 ROW_BYTES = 1 << 20  # a record of 1 MiB of text
@@ -27,16 +28,16 @@ def _chunk(first: int, n: int) -> pa.Table:
     )
 
 
-def test_a_text_column_past_one_arrays_offsets_sorts_as_large_text() -> None:
-    """2.2 GB of text in one column (two files' tables of 1.1 GB): Arrow's sort gathers a column
-    into one array, whose 32-bit offsets overflow ("offset overflow while concatenating arrays");
-    the read sorts it as `large_string`, every row's text unchanged, the small columns' types kept."""
+def test_a_text_column_past_one_arrays_offsets_sorts_and_keeps_its_type() -> None:
+    """2.2 GB of text in one column (two files' tables of 1.1 GB), as `results.read_results` reads
+    a window whole: Arrow's sort gathers a column into one array, whose 32-bit offsets overflow
+    ("offset overflow while concatenating arrays"); sorted as `large_string`, it comes back as
+    chunks of `string`, every row's text unchanged."""
     n = 1100
     t = pa.concat_tables([_chunk(0, n), _chunk(n, n)])
     assert t["text"].nbytes >= ONE_ARRAY_BYTES
     got = sorted_rows(t, KEYS)
-    assert got.schema.field("text").type == pa.large_string()
-    assert got.schema.field("key").type == pa.string() and got.schema.field("window_start").type == pa.int64()
+    assert got.schema == t.schema and all(c.nbytes < ONE_ARRAY_BYTES for c in got["text"].chunks)
     want = list(range(2 * n - 1, -1, -1))  # keys descend as rows ascend
     assert got["window_start"].to_pylist() == want
     tags = pc.utf8_slice_codeunits(got["text"], 0, 8).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
@@ -49,3 +50,16 @@ def test_results_of_ordinary_size_keep_their_types() -> None:
     got = sorted_rows(t, KEYS)
     assert got.schema == t.schema
     assert got["window_start"].to_pylist() == [4, 3, 2, 1, 0]
+
+
+def test_one_array_then_in_chunks_round_trip_with_chunks_of_the_bound(monkeypatch) -> None:
+    """`one_array` gathers parts of `string` and `large_string`; `in_chunks` cuts values back into
+    chunks of at most CHUNK_BYTES (a longer value alone), nulls kept, order kept."""
+    monkeypatch.setattr(ba, "CHUNK_BYTES", 10)
+    a = pa.chunked_array([pa.array(["abc", None, "defgh"]), pa.array(["ij"])])
+    b = pa.array(["0123456789012", "", "x"], pa.large_string())
+    one = one_array([a, b], pa.string())
+    assert one.type == pa.string() and one.to_pylist() == ["abc", None, "defgh", "ij", "0123456789012", "", "x"]
+    got = in_chunks(pa.chunked_array([one.slice(0, 3), one.slice(3)]).cast(pa.large_string()), pa.string())
+    assert got.type == pa.string() and got.to_pylist() == one.to_pylist()
+    assert [c.to_pylist() for c in got.chunks] == [["abc", None, "defgh", "ij"], ["0123456789012"], ["", "x"]]

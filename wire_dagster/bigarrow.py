@@ -1,0 +1,77 @@
+"""Columns past 2 GB: Arrow's string, binary and list arrays count their values' bytes with 32-bit
+offsets, so one array holds less than ONE_ARRAY_BYTES. A table's column may be longer as chunks,
+but whatever gathers it into one array (a sort, a take across chunks, `combine_chunks`) fails on
+it ("offset overflow while concatenating arrays"). Records of 20-40 KB, 100,000 to a chunk, reach
+that: benchmarks/big_records.py's 60,000 records of 40 KB stopped their pipeline on every retry.
+
+These gather such a column as its large type (64-bit offsets) and hand it back as chunks of the
+type it had; a column within one array's bytes is gathered as it always was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: The bytes one Arrow array of string, binary or list values holds at most (32-bit offsets).
+ONE_ARRAY_BYTES = (1 << 31) - 1
+#: The bytes of each chunk `in_chunks` hands back: well within one array.
+CHUNK_BYTES = 1 << 30
+
+
+def large_type(t: pa.DataType) -> pa.DataType:
+    """`t` with 64-bit offsets wherever it has 32-bit ones (`large_string` for `string`, ...)."""
+    if pa.types.is_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t):
+        return pa.large_binary()
+    if pa.types.is_list(t):
+        return pa.large_list(t.value_field.with_type(large_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(large_type(f.type)) for f in t])
+    return t
+
+
+def one_array(parts: list[pa.Array | pa.ChunkedArray], t: pa.DataType) -> pa.Array:
+    """The values of `parts` (each of `t`, or of its large type) as one array: of type `t` while
+    they fit one, else of its large type."""
+    big = sum(p.nbytes for p in parts) >= ONE_ARRAY_BYTES
+    want = large_type(t) if big else t
+    chunks = [c.cast(want) for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
+    return pa.chunked_array(chunks, want).combine_chunks()
+
+
+def in_chunks(values: pa.Array | pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedArray:
+    """String or binary `values` of any size (of `t` or its large type) as chunks of `t`, each of
+    at most CHUNK_BYTES of values (a single larger value in a chunk of its own)."""
+    if values.type == t:
+        return values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values], t)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()  # of the large type: one array holds them
+    sizes = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)  # pyright: ignore[reportAttributeAccessIssue]
+    ends = np.cumsum(sizes, dtype=np.int64)
+    cuts, lo = [], 0
+    while lo < len(values):
+        base = ends[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, base + CHUNK_BYTES, side="right")))
+        cuts.append((lo, hi))
+        lo = hi
+    # a slice is copied before its cast: the cast checks the slice's offsets into the whole
+    # array's values, which pass 2 GB from the third GB on
+    return pa.chunked_array([pa.concat_arrays([values.slice(lo, hi - lo)]).cast(t) for lo, hi in cuts], t)
+
+
+def sorted_rows(t: pa.Table, keys: list[tuple[str, str]]) -> pa.Table:
+    """`t.sort_by(keys)`, for tables of any size: a column of ONE_ARRAY_BYTES or more (2.1 GB of a
+    window's text, read whole) is sorted as its large type, then handed back as chunks of its
+    own type (`in_chunks`; a list or struct column stays large)."""
+    wide = [f.name for f in t.schema if t[f.name].nbytes >= ONE_ARRAY_BYTES]
+    if not wide:
+        return t.sort_by(keys)
+    s = t.cast(pa.schema([f.with_type(large_type(f.type)) if f.name in wide else f for f in t.schema])).sort_by(keys)
+    for name in wide:
+        f = t.schema.field(name)
+        if pa.types.is_string(f.type) or pa.types.is_binary(f.type):
+            s = s.set_column(s.schema.get_field_index(name), f, in_chunks(s[name].combine_chunks(), f.type))
+    return s

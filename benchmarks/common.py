@@ -578,10 +578,24 @@ class Servers:
         return store, env
 
 
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP raise SystemExit (Ctrl-C already raises KeyboardInterrupt), so `finally`
+    blocks stop the stack."""
+
+    def bye(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, bye)
+    signal.signal(signal.SIGHUP, bye)
+    # Ctrl-C raises KeyboardInterrupt, also when started in the background of a script (where SIGINT is ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def bench_servers(prefix: str, master: str, want_spark: bool, notes: list[str]) -> Iterator[Servers]:
     """A temporary directory, the object store in it (bench_store) and, if `want_spark`, Wire's
-    Spark server on `master` (spark_server); all stopped at the end."""
+    Spark server on `master` (spark_server); all stopped at the end, on SIGTERM and SIGHUP too."""
+    install_signal_handlers()
     with (
         tempfile.TemporaryDirectory(prefix=prefix) as tmpd,
         bench_store(Path(tmpd)) as store,

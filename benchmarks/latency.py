@@ -51,10 +51,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import git_commit, md_table, save_report
+from benchmarks.common import git_commit, install_signal_handlers, md_table, save_report
 from benchmarks.stack import (
     BenchStack,
-    install_signal_handlers,
     partition_key,
     pct,
     uptime,

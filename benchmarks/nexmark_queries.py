@@ -675,9 +675,6 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from benchmarks.stack import install_signal_handlers
-
-    install_signal_handlers()  # SIGTERM and Ctrl-C stop the S3 and Spark servers (the `finally` of their blocks)
     t_all = time.perf_counter()
     sampler = LoadSampler().start()
     notes = [f"uptime at the start: {uptime()}"]

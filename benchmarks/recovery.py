@@ -50,12 +50,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import comma_list, git_commit, save_report
+from benchmarks.common import comma_list, git_commit, install_signal_handlers, save_report
 from benchmarks.latency import OOO, CommitWatcher, M, chunk_events, pipeline_dict, run_phases, wait
 from benchmarks.stack import (
     ACTIVE,
     BenchStack,
-    install_signal_handlers,
     partition_key,
     uptime,
 )

@@ -13,7 +13,7 @@ Process handling (start in a new session, stop = SIGTERM then SIGKILL to the gro
 anything left) and the bounded polls come from wire_dagster.procgroup, the Spark conf and the
 child environment from benchmarks/common.py: the end-to-end tests' stack (tests/dagster_stack.py)
 uses the same ones. Every process is stopped by its group in `stop()`, which the
-benchmarks call from a `finally` (SIGTERM and Ctrl-C included: `install_signal_handlers`).
+benchmarks call from a `finally` (SIGTERM and Ctrl-C included: `common.install_signal_handlers`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -50,19 +49,6 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300  # dagster dev (three Python processes) and the Connect JVM on a loaded 2-core machine
 ACTIVE = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED")
 PARTITION_FMT = "%Y-%m-%d-%H:%M"
-
-
-def install_signal_handlers() -> None:
-    """SIGTERM and SIGHUP raise SystemExit (Ctrl-C already raises KeyboardInterrupt), so `finally`
-    blocks stop the stack."""
-
-    def bye(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, bye)
-    signal.signal(signal.SIGHUP, bye)
-    # Ctrl-C raises KeyboardInterrupt, also when started in the background of a script (where SIGINT is ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def partition_key(p_ms: int) -> str:

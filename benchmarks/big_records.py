@@ -1,19 +1,24 @@
-"""Check: an epoch of big records commits when its results exceed what Spark's driver holds.
+"""Check: big records commit, each once, whatever their size.
 
     .venv/bin/python benchmarks/big_records.py [--records 330000] [--record-bytes 1500] [--timeout 600]
 
 A stage of computations (the pass-through, as every join's raw input has) over one closed stream
-of `--records` records, each with about `--record-bytes` of incompressible text: under the 1 M-row
-bound (settings.COMPUTATION_EPOCH_ROWS) one epoch of packed results of about records x record bytes
-(482 MB by default), more than Spark's driver holds; the 32 MB byte bound
-(settings.COMPUTATION_EPOCH_BYTES) splits it by chunk. `wire process`, attached to Wire's
-embedded Spark server (2 GB driver heap, as `wire dev` starts it), is run with `--timeout`, then
-once more if it did not finish. Before a job's results could go through the store
-(WIRE_DRIVER_RESULT_BYTES), both runs hung past 420 s (benchmarks/results/HISTORY.md).
+of `--records` records, each with about `--record-bytes` of incompressible text. `wire process`,
+attached to Wire's embedded Spark server (2 GB driver heap, as `wire dev` starts it), is run with
+`--timeout`, then once more if it did not finish; a run commits every epoch it can.
+
+- By default, 482 MB of packed results: under the 1 M-row bound one epoch of them would be more
+  than Spark's driver holds; results beyond WIRE_DRIVER_RESULT_BYTES go through the store, and the
+  32 MB byte bound (settings.COMPUTATION_EPOCH_BYTES) splits the epochs by chunk. Before both,
+  both runs hung past 420 s (benchmarks/results/HISTORY.md).
+- `--records 60000 --record-bytes 40000`: 2.3 GB of JSON. At d096ed7 (a chunk of 100,000 rows
+  whatever their bytes) that was one chunk whose text passed one Arrow array's 2 GB: both runs
+  failed ("offset overflow"), a Python worker past 12 GB. Now `limits.chunk_bytes` (128 MiB)
+  makes chunks of ~3,300 records, and a column past 2 GB would still be gathered (bigarrow.py).
 
 Prints each run's exit and time, the stored bytes and epochs, and whether every record was
 committed once (the output read back: one row per record id); exits 1 if not. The servers are
-stopped by their process groups at the end.
+stopped by their process groups at the end (on SIGTERM too).
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def main() -> int:
         for attempt in (1, 2):
             t = time.perf_counter()
             proc = subprocess.Popen(
-                [wire, "process", "--pipeline", "big", "--max-epochs", "5"],
+                [wire, "process", "--pipeline", "big", "--max-epochs", "1000"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -5,7 +5,9 @@ alone or after a good file in the same command; and no file stays open after a p
 
 from __future__ import annotations
 
+import json
 import os
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +17,8 @@ import pytest
 from conftest import run_wire
 from wire_dagster import ingest, streams
 from wire_dagster.errors import WireInputError
+from wire_dagster.events import ID
+from wire_dagster.extract import read_chunk
 from wire_dagster.ingest import InputFile, records_input
 from wire_dagster.objectstore import ObjectStore
 from wire_dagster.spec import Pipeline, load_pipeline
@@ -200,3 +204,68 @@ def test_no_input_file_stays_open(store: ObjectStore, spec: Pipeline, tmp_path: 
         streams.produce_files(store, spec, [(files[0], "c"), (bad, "d")], chunk_rows=CHUNK)
     assert _open_files_under(d) == []
     assert set(streams.read_stream(store, spec.stream, {})) == {"a", "b"}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_a_chunk_holds_at_most_chunk_bytes_of_records(store: ObjectStore, tmp_path: Path, kind: str) -> None:
+    """Records of 0 B to 6 KB of text, then one of 40 KB, under `limits.chunk_bytes` of 20,000:
+    each chunk is the longest run of records from where the last ended (and at most `chunk_rows`)
+    whose bytes stay within the limit (JSON: each line's text; Parquet: each row's Arrow values,
+    its text plus an even share of the other columns), the 40 KB record a chunk of its own;
+    every record lands once, in order."""
+    spec = load_pipeline(CLICKS).model_copy(update={"chunk_rows": 9, "chunk_bytes": 20_000})
+    rnd = random.Random(7)
+    texts = ["x" * rnd.choice([0, 10, 900, 3_000, 6_000]) for _ in range(60)] + ["y" * 40_000, "z"]
+    rows = [{"ts": spec.start + i, "user_id": f"u{i % 3}", "event_id": f"e{i}", "note": t} for i, t in enumerate(texts)]
+    f = tmp_path / f"big.{kind}"
+    if kind == "jsonl":
+        lines = [json.dumps(r).encode() for r in rows]
+        f.write_bytes(b"\n".join(lines) + b"\n")
+        sizes = [len(b) for b in lines]
+    else:
+        table = pa.Table.from_pylist(rows)
+        pq.write_table(table, f)
+        share = sum(-(-c.nbytes // table.num_rows) for c in table.columns if not pa.types.is_string(c.type))
+        sizes = [share + len(r["user_id"]) + len(r["event_id"]) + len(r["note"]) for r in rows]
+    want, lo = [], 0
+    while lo < len(sizes):  # the cuts, by brute force
+        hi = lo + 1
+        while hi < len(sizes) and hi - lo < 9 and sum(sizes[lo : hi + 1]) <= 20_000:
+            hi += 1
+        want.append(hi - lo)
+        lo = hi
+    assert 1 in want and 9 in want and len(set(want)) > 2  # the 40 KB record alone; cuts by rows and by bytes
+
+    streams.produce(store, spec, f, segment="s")
+    chunks = streams.read_stream(store, spec.stream, {})["s"].chunks
+    assert [c.rows + c.malformed for c in chunks] == want
+    got = [i for c in chunks for i in read_chunk(store, spec, c)[ID].to_pylist()]
+    assert got == [r["event_id"] for r in rows]
+
+
+def test_end_within_reads_ranges_that_grow_only_as_far_as_the_bytes_need() -> None:
+    """`InputFile.end_within` gives the brute-force cut, reading from `lo` ranges of at most a few
+    times `max_bytes` (or the first chunk's probe of PROBE_ROWS records), never the `hi - lo`
+    records up to `chunk_rows` at once, with or without the last chunk's length as its guess."""
+    rnd = random.Random(3)
+    lines = pa.array([b"x" * rnd.randint(0, 3_000) for _ in range(5_000)], pa.large_binary())
+    asked: list[tuple[int, int]] = []
+
+    def read(lo: int, hi: int) -> pa.LargeBinaryArray:
+        asked.append((lo, hi))
+        return lines.slice(lo, hi - lo)
+
+    inp = InputFile(len(lines), read)
+    sizes = [len(b) for b in lines.to_pylist()]
+    lo, guess = 0, None
+    while lo < len(lines):
+        hi = min(lo + 1_000, len(lines))
+        want = lo + 1
+        while want < hi and sum(sizes[lo : want + 1]) <= 20_000:
+            want += 1
+        asked.clear()
+        end = inp.end_within(lo, hi, 20_000, guess)
+        assert end == want
+        assert all(a == lo for a, _ in asked)
+        assert all(sum(sizes[a:b]) <= 4 * 20_000 or b - a <= ingest.PROBE_ROWS for a, b in asked), asked
+        lo, guess = end, end - lo

@@ -191,7 +191,8 @@ def produce(
         "--chunk-rows",
         metavar="N",
         show_default=False,
-        help="Rows per chunk (default: the pipeline's limits.chunk_rows).",
+        help="Rows per chunk at most (default: the pipeline's limits.chunk_rows); a chunk also ends "
+        "at limits.chunk_bytes of records.",
     ),
 ):
     """Append the events of each FILE to a stream as chunks: the pipeline's (--pipeline: records

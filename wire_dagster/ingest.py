@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .aggregates import MAX_EXACT, NOT_FINITE, OUT_OF_RANGE, out_of_domain
@@ -522,11 +523,52 @@ class InputFile:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def end_within(self, lo: int, hi: int, max_bytes: int, guess: int | None = None) -> int:
+        """The end of the records from `lo` on, at most `hi`, whose bytes stay within `max_bytes`
+        (at least one record): a JSON line's text, a Parquet row's Arrow values (`row_bytes`).
+        Reads ranges from `lo` that grow: `guess` records first (the last chunk's), else as many as
+        the first PROBE_ROWS' bytes say fit, twice as many each time all of them fit."""
+
+        def sizes(top: int) -> np.ndarray:
+            return row_bytes(self.table(lo, top)) if self.table is not None else _text_bytes(self.lines(lo, top))
+
+        if guess is None:
+            probe = sizes(min(hi, lo + PROBE_ROWS))
+            guess = int(max_bytes / max(1.0, float(probe.mean())) * 1.25) + 1
+        top = min(hi, lo + max(1, guess))
+        while True:
+            fit = int(np.searchsorted(np.cumsum(sizes(top)), max_bytes, side="right"))
+            if fit < top - lo or top == hi:
+                return lo + max(1, fit)
+            top = min(hi, lo + 2 * (top - lo))
+
     def normalize(self, spec: Pipeline, lo: int, hi: int, ingest_ms: int) -> tuple[pa.Table, pa.Table]:
         """Records `[lo, hi)` -> (valid events, dead letters) with `_row`/`row` relative to `lo`."""
         if self.table is not None:
             return normalize_table(spec, self.table(lo, hi), ingest_ms)
         return normalize_lines(spec, self.lines(lo, hi), ingest_ms)
+
+
+def _text_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each string or binary value's bytes (a null's: 0)."""
+    return pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def row_bytes(table: pa.Table) -> np.ndarray:
+    """About the bytes each row of `table` holds in Arrow: its string and binary values' own, and
+    an even share of each other column's."""
+    sizes = np.zeros(table.num_rows, np.int64)
+    for col in table.columns:
+        if (
+            pa.types.is_string(col.type)
+            or pa.types.is_binary(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_large_binary(col.type)
+        ):
+            sizes += _text_bytes(col)
+        elif table.num_rows:
+            sizes += -(-col.nbytes // table.num_rows)
+    return sizes
 
 
 def read_input(path: Path) -> pa.LargeBinaryArray:
@@ -535,6 +577,7 @@ def read_input(path: Path) -> pa.LargeBinaryArray:
         return inp.lines(0, inp.rows)
 
 
+PROBE_ROWS = 64  # records whose bytes size the first read of `InputFile.end_within`
 LINE_STRIDE = 4096  # a JSON-lines file's index keeps the byte offset of every LINE_STRIDE-th line
 _BLOCK = 8 << 20  # bytes read at a time by a pass over a whole file
 _BATCH = 65_536  # Parquet rows decoded at a time
@@ -585,7 +628,8 @@ class _JsonLinesInput:
     """A JSON-lines file read by line ranges: one pass counts its lines (as `_split_lines` splits
     them) and keeps the byte offset of every LINE_STRIDE-th; `lines(lo, hi)` reads the bytes
     from the indexed line at or before `lo` to the one at or after `hi` and splits only those.
-    The last range read is kept: a chunk's lines are asked for twice (its checks, its records)."""
+    The last range read is kept: a chunk's lines are asked for three times (its bytes, within a
+    range its bytes read; its checks; its records)."""
 
     def __init__(self, path: Path, stamp: tuple[int, int]) -> None:
         self.path, self.stamp = path, stamp
@@ -618,8 +662,8 @@ class _JsonLinesInput:
 
     def lines(self, lo: int, hi: int) -> pa.LargeBinaryArray:
         with self.lock:
-            if self.last is not None and self.last[:2] == (lo, hi):
-                return self.last[2]
+            if self.last is not None and self.last[0] <= lo <= hi <= self.last[1]:  # `end_within` read it
+                return self.last[2].slice(lo - self.last[0], hi - lo)
             if hi <= lo:
                 return pa.array([], pa.large_binary())
             a, b = lo // LINE_STRIDE, -(-hi // LINE_STRIDE)
@@ -691,8 +735,8 @@ class _ParquetInput:
 
     def table(self, lo: int, hi: int) -> pa.Table:
         with self.lock:
-            if self.last is not None and self.last[:2] == (lo, hi):
-                return self.last[2]
+            if self.last is not None and self.last[0] <= lo <= hi <= self.last[1]:  # `end_within` read it
+                return self.last[2].slice(lo - self.last[0], hi - lo)
             if hi <= lo:
                 return self.schema.empty_table()
             if not self.held_lo <= lo <= self.pos or (hi > self.pos and self.file is None):

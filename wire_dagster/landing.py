@@ -24,7 +24,7 @@ loser reads N back, finds its object (done) or another one (it reloads and goes 
 Exactly once, because an adopter claims N only knowing indices 0..N-1 (read, or claimed by itself)
 and only for an object none of them holds: the incremental pass takes keys after the last `hw`,
 the rescan checks all of them. A kill before the claim leaves at most an unreferenced data file;
-after it, the object is adopted. One object is one chunk (`limits.chunk_rows` does not split it).
+after it, the object is adopted. One object is one chunk (`limits.chunk_rows` and `chunk_bytes` do not split it).
 A copy, not a reference: the planner and the watermark work from chunk metadata alone (min/max
 event time, rows), so adoption reads the object once anyway; by reference the executors would read
 it a second time, in a format of their own, and a rewrite of the object after adoption would

@@ -191,6 +191,7 @@ class Pipeline(BaseModel):
     end: int | None = None  # end of the last partition (epoch ms); None: open-ended
     max_future: int  # events more than this past ingestion time are malformed (out of range)
     chunk_rows: int
+    chunk_bytes: int  # a chunk's records' bytes at most (ingest.InputFile.end_within), but one record
     max_chunks_per_epoch: int
     max_record_bytes: int
     windows: tuple[WindowSpec, ...]
@@ -682,6 +683,7 @@ def _pipeline_from_dict(raw: object, source: str | None = None) -> Pipeline:
             end=end,
             max_future=parse_duration(limits.get("max_future", "1d"), "limits.max_future"),
             chunk_rows=_posint("chunk_rows", 100_000),
+            chunk_bytes=_posint("chunk_bytes", 128 << 20),
             max_chunks_per_epoch=_posint("max_chunks_per_epoch", 1_000),
             max_record_bytes=_posint("max_record_bytes", 1_048_576),
             windows=windows,

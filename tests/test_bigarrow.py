@@ -63,3 +63,27 @@ def test_one_array_then_in_chunks_round_trip_with_chunks_of_the_bound(monkeypatc
     got = in_chunks(pa.chunked_array([one.slice(0, 3), one.slice(3)]).cast(pa.large_string()), pa.string())
     assert got.type == pa.string() and got.to_pylist() == one.to_pylist()
     assert [c.to_pylist() for c in got.chunks] == [["abc", None, "defgh", "ij"], ["0123456789012"], ["", "x"]]
+
+
+def test_an_output_partition_is_merged_through_sorted_rows(monkeypatch) -> None:
+    """`computestage.merge_output` (an output partition's committed records plus an epoch's, every
+    epoch) sorts through `sorted_rows`: with the bounds lowered to a few bytes, its record texts
+    come back as `in_chunks`' chunks of `string`, in order. At c180226 a 2.3 GB partition of 40 KB
+    records (benchmarks/big_records.py --spacing-ms 1) overflowed there on every run."""
+    from wire_dagster.computestage import OUTPUT_SCHEMA, merge_output
+
+    monkeypatch.setattr(ba, "ONE_ARRAY_BYTES", 50)
+    monkeypatch.setattr(ba, "CHUNK_BYTES", 30)
+
+    def rows(ids: list[int]) -> pa.Table:
+        return pa.Table.from_pylist(
+            [
+                {"key": f"k{i % 3}", "window_start": i, "window_end": i + 1, "id": f"i{i}", "record": "r" * 10}
+                for i in ids
+            ],
+            OUTPUT_SCHEMA,
+        )
+
+    got = merge_output(rows([5, 1, 3]), rows([4, 0, 2]))
+    assert got.schema == OUTPUT_SCHEMA and got["record"].num_chunks > 1
+    assert got["id"].to_pylist() == ["i0", "i3", "i1", "i4", "i2", "i5"]

@@ -72,6 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import partitions, reclock, settings
+from .bigarrow import sorted_rows
 from .checkpoint import Checkpoints, new_run_id, staged
 from .computation import Computation, Item, KeyState, load_class, run_key
 from .deliveries import ASIDE, MEMORY, Sync, new_aside, not_final, sync_changes
@@ -674,11 +675,11 @@ def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
     totals = {c: sum(n[c].to_pylist()) for c in N_SCHEMA.names}
     carried = cat("carried", CARRIED_SCHEMA)
     if carried.num_rows > 1:
-        carried = carried.sort_by([("comp", "ascending"), ("key", "ascending")])
+        carried = sorted_rows(carried, [("comp", "ascending"), ("key", "ascending")])
     dead = cat("dead", DEAD_LETTER)
     if dead.num_rows > 1:
         order = ["segment", "chunk", "row", "window", "reason", "event_time", "event"]
-        dead = dead.sort_by([(c, "ascending") for c in order])
+        dead = sorted_rows(dead, [(c, "ascending") for c in order])  # their records' texts: bigarrow
     handed = sum(r for t in tables.get(("handed", ""), []) for r in t["rows"].to_pylist())
     return EpochOut(
         cat("produced", PRODUCED_SCHEMA), carried, dead, stats, totals, cat("pstats", PSTATS_SCHEMA), handed
@@ -1174,8 +1175,8 @@ def merge_output(old: pa.Table | None, new: pa.Table) -> pa.Table:
     parts = [t.select(OUTPUT_SCHEMA.names).cast(OUTPUT_SCHEMA) for t in (old, new) if t is not None and t.num_rows]
     if not parts:
         return OUTPUT_SCHEMA.empty_table()
-    t = pa.concat_tables(parts)
-    return t.sort_by([("key", "ascending"), ("window_start", "ascending"), ("id", "ascending")])
+    t = pa.concat_tables(parts)  # a partition's records may pass one Arrow array's 2 GB: bigarrow
+    return sorted_rows(t, [("key", "ascending"), ("window_start", "ascending"), ("id", "ascending")])
 
 
 def _commit(

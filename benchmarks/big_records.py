@@ -1,6 +1,7 @@
 """Check: big records commit, each once, whatever their size.
 
     .venv/bin/python benchmarks/big_records.py [--records 330000] [--record-bytes 1500] [--timeout 600]
+        [--spacing-ms 10]
 
 A stage of computations (the pass-through, as every join's raw input has) over one closed stream
 of `--records` records, each with about `--record-bytes` of incompressible text. `wire process`,
@@ -15,6 +16,8 @@ attached to Wire's embedded Spark server (2 GB driver heap, as `wire dev` starts
   whatever their bytes) that was one chunk whose text passed one Arrow array's 2 GB: both runs
   failed ("offset overflow"), a Python worker past 12 GB. Now `limits.chunk_bytes` (128 MiB)
   makes chunks of ~3,300 records, and a column past 2 GB would still be gathered (bigarrow.py).
+- `--spacing-ms 1` with the above: every record in one 1-minute partition of 2.3 GB, rewritten
+  (merged with each epoch's records, sorted: computestage.merge_output) epoch after epoch.
 
 Prints each run's exit and time, the stored bytes and epochs, and whether every record was
 committed once (the output read back: one row per record id); exits 1 if not. The servers are
@@ -53,6 +56,7 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=330_000)
     ap.add_argument("--record-bytes", type=int, default=1500)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--spacing-ms", type=int, default=10, help="event time between records (partitions are 1 m)")
     args = ap.parse_args()
     from wire_dagster import computestage
     from wire_dagster.checkpoint import Checkpoints
@@ -69,7 +73,10 @@ def main() -> int:
         with f.open("w") as out:
             for i in range(args.records):
                 extra = base64.b64encode(rnd.randbytes(args.record_bytes * 3 // 4)).decode()
-                out.write(json.dumps({"ts": T0 + i * 10, "id": f"r{i}", "k": f"k{i % 1000}", "extra": extra}) + "\n")
+                out.write(
+                    json.dumps({"ts": T0 + i * args.spacing_ms, "id": f"r{i}", "k": f"k{i % 1000}", "extra": extra})
+                    + "\n"
+                )
         log(f"{args.records} records, {f.stat().st_size >> 20} MB of JSON")
         store, env = sv.side(d, sv.tmp / "dagster", True, "local[2]")
         wire = str(Path(sys.executable).parent / "wire")
@@ -98,8 +105,11 @@ def main() -> int:
                 done = True
                 break
         spec = load_pipeline(d / "big.yaml")
-        stored = sum(c.bytes for v in read_inputs(store, spec, {}).values() for c in v.chunks)
-        log(f"stored chunks {stored >> 20} MB; epochs committed: {len(Checkpoints(store, 'big').committed())}")
+        chunks = [c for v in read_inputs(store, spec, {}).values() for c in v.chunks]
+        last = Checkpoints(store, "big").latest()
+        log(
+            f"{len(chunks)} chunks, {sum(c.bytes for c in chunks) >> 20} MB stored; epochs: {last.epoch if last else 0}"
+        )
         ids = [r["id"] for r in computestage.read_output(store, spec, "records")]
         whole = done and len(ids) == len(set(ids)) == args.records
         said = "every record once" if whole else "NOT every record once"

@@ -33,6 +33,16 @@ def large_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def is_text(t: pa.DataType) -> bool:
+    """A string or binary type, of either offset width."""
+    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+
+
+def value_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each string or binary value's bytes (a null's: 0)."""
+    return pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def one_array(parts: list[pa.Array | pa.ChunkedArray], t: pa.DataType) -> pa.Array:
     """The values of `parts` (each of `t`, or of its large type) as one array: of type `t` while
     they fit one, else of its large type."""
@@ -49,8 +59,7 @@ def in_chunks(values: pa.Array | pa.ChunkedArray, t: pa.DataType) -> pa.ChunkedA
         return values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values], t)
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()  # of the large type: one array holds them
-    sizes = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)  # pyright: ignore[reportAttributeAccessIssue]
-    ends = np.cumsum(sizes, dtype=np.int64)
+    ends = np.cumsum(value_bytes(values), dtype=np.int64)
     cuts, lo = [], 0
     while lo < len(values):
         base = ends[lo - 1] if lo else 0

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .aggregates import MAX_EXACT, NOT_FINITE, OUT_OF_RANGE, out_of_domain
+from .bigarrow import is_text, value_bytes
 from .duck import duckdb_connection
 from .errors import WireInputError
 from .events import DLQ_SCHEMA, ID, KEY, ROW, TIME, chunk_schema
@@ -401,7 +402,6 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
     gaps of signed integers in [1, 2^53]; no row's JSON possibly over max_record_bytes (the
     SQL's bound, at each column's longest). The values are the SQL's: an integer's decimal
     text, a number as a double (-0.0 as 0.0). A chunk of 50,000 bids: ~2 instead of ~14 ms."""
-    import pyarrow.compute as pc
 
     names = table.schema.names
     if len(spec.key_fields) > 1 or any(f not in names for f in (spec.time_field, spec.key_field, spec.id_field) if f):
@@ -461,7 +461,6 @@ def _all_valid(spec: Pipeline, table: pa.Table, ingest_ms: int) -> pa.Table | No
 
 
 def _split_valid(spec: Pipeline, out: pa.Table) -> tuple[pa.Table, pa.Table]:
-    import pyarrow.compute as pc
 
     bad_mask = pc.is_valid(out["reason"])  # pyright: ignore[reportAttributeAccessIssue]  generated at import
     bad = out.filter(bad_mask)
@@ -530,7 +529,7 @@ class InputFile:
         the first PROBE_ROWS' bytes say fit, twice as many each time all of them fit."""
 
         def sizes(top: int) -> np.ndarray:
-            return row_bytes(self.table(lo, top)) if self.table is not None else _text_bytes(self.lines(lo, top))
+            return row_bytes(self.table(lo, top)) if self.table is not None else value_bytes(self.lines(lo, top))
 
         if guess is None:
             probe = sizes(min(hi, lo + PROBE_ROWS))
@@ -549,23 +548,13 @@ class InputFile:
         return normalize_lines(spec, self.lines(lo, hi), ingest_ms)
 
 
-def _text_bytes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Each string or binary value's bytes (a null's: 0)."""
-    return pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)  # pyright: ignore[reportAttributeAccessIssue]
-
-
 def row_bytes(table: pa.Table) -> np.ndarray:
     """About the bytes each row of `table` holds in Arrow: its string and binary values' own, and
     an even share of each other column's."""
     sizes = np.zeros(table.num_rows, np.int64)
     for col in table.columns:
-        if (
-            pa.types.is_string(col.type)
-            or pa.types.is_binary(col.type)
-            or pa.types.is_large_string(col.type)
-            or pa.types.is_large_binary(col.type)
-        ):
-            sizes += _text_bytes(col)
+        if is_text(col.type):
+            sizes += value_bytes(col)
         elif table.num_rows:
             sizes += -(-col.nbytes // table.num_rows)
     return sizes

@@ -440,9 +440,7 @@ class PipelineRuns:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "another wire process"
-                self.say(f"waiting for {holder} to finish with pipeline {self.pipeline}")
+                self.say(f"waiting for {self._holder(f)} to finish with pipeline {self.pipeline}")
                 # Tried again every 0.2 s, not one blocking flock: a signal the kernel hands to
                 # another thread (a library's) would not interrupt that call, and the handler,
                 # which runs in the main thread, would wait for the holder to finish.
@@ -461,6 +459,19 @@ class PipelineRuns:
             yield
         finally:
             f.close()
+
+    def _holder(self, f) -> str:
+        """Who holds the lock, as the holder wrote it. A holder names itself just after taking
+        the lock, so an empty file is a holder between the two: read again for up to a second
+        (two ticks started together meet there)."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            f.seek(0)
+            holder = f.read().strip()
+            if holder or time.monotonic() >= deadline:
+                return holder or "another wire process"
+            with self.signals.waiting():
+                time.sleep(0.02)
 
     def execute(self, *, partition_key: str | None, tags: Mapping[str, str], what: str) -> dg.ExecuteInProcessResult:
         """Run the job once in this process: claim its pool slots first (waiting, reaping), then

@@ -446,3 +446,45 @@ def test_a_lock_wait_ends_when_another_thread_receives_the_signal(tmp_path: Path
             release.cancel()
             holder.close()
         assert took < 2.0, took
+
+
+def test_a_waiting_tick_names_a_holder_that_has_not_written_its_name_yet(tmp_path: Path, monkeypatch) -> None:
+    """Two ticks started together: one takes the pipeline's lock, then writes its name into the
+    lock file; the other may read the file in between. It reads again rather than saying
+    "another wire process" (CI met this once in test_tick_kill's race)."""
+    import fcntl
+
+    @dg.op
+    def nothing() -> None:
+        pass
+
+    @dg.job
+    def job() -> None:
+        nothing()
+
+    (tmp_path / "home").mkdir()
+    name = "wire tick (pid 4242 on elsewhere)"
+    with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as inst:
+        holder = open(R._lock_path(inst, "p"), "a+")  # the other tick: it holds the lock, its name not written yet
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        sleeps: list[float] = []
+
+        def sleep(s: float) -> None:  # while the waiter sleeps, the holder writes its name, then finishes
+            sleeps.append(s)
+            if len(sleeps) == 1:
+                holder.write(name)
+                holder.flush()
+            else:
+                holder.close()
+
+        monkeypatch.setattr(R.time, "sleep", sleep)
+        said: list[str] = []
+        try:
+            with R.Signals() as signals:
+                runs = R.PipelineRuns(inst, "p", job, "wire tick", signals)
+                runs.say = said.append
+                with runs:
+                    pass
+        finally:
+            holder.close()
+    assert said == [f"waiting for {name} to finish with pipeline p"]

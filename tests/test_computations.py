@@ -491,6 +491,57 @@ def test_a_jobs_results_beyond_the_drivers_room_come_through_the_store(
     assert got["one_task"] == got["via_spark"] == got["bucketed"] and got["via_spark"]
 
 
+def test_a_single_task_stages_its_output_partitions_as_the_driver_would(
+    store, spark, tmp_path: Path, monkeypatch
+) -> None:
+    """A job of one task stages its epochs' output partitions itself and hands back their file
+    references, never the produced records; each epoch of the job merges into the files the
+    epoch before it staged. Every epoch's manifest names output files with the content (sha256)
+    of a run by key bucket, where the driver stages the records it gathers."""
+    rnd = random.Random(8)
+    mods = _modules(tmp_path / "m")
+    events = sorted(_events(rnd, 300), key=lambda e: e["ts"])
+    f = tmp_path / "all.jsonl"
+    f.write_text("".join(json.dumps(e) + "\n" for e in events))
+    specs = {}
+    for name in ("one_task", "bucketed"):
+        body = yaml.safe_load(_pipeline(mods, name=name).read_text())
+        body["limits"] = {"max_chunks_per_epoch": 2}  # three epochs of two chunks of 50 records
+        (mods / f"{name}.yaml").write_text(yaml.safe_dump(body))
+        specs[name] = load_pipeline(mods / f"{name}.yaml")
+    streams.produce(store, stream_spec("clicks", "ts", "event_id", specs["one_task"]), f, chunk_rows=50)
+    streams.close_stream(store, "clicks")
+    jobs: list[list[computestage.EpochOut]] = []
+    compute = computestage.compute
+
+    def watched(*a, **kw):
+        jobs.append(compute(*a, **kw))
+        return jobs[-1]
+
+    monkeypatch.setattr(computestage, "compute", watched)
+    for name, spec in specs.items():
+        monkeypatch.setenv("WIRE_EPOCHS_PER_JOB", "8" if name == "one_task" else "1")  # by key bucket: one each
+        while computestage.process(store, spec, spark, max_epochs=5, single_task=name == "one_task").committed:
+            pass
+    one_task, bucketed = ([r for j in jobs for r in j if (r.staged is not None) == s] for s in (True, False))
+    assert len(jobs) >= 4 and [len(j) for j in jobs][0] == 3, [len(j) for j in jobs]  # one job of 3 epochs first
+    assert all(r.produced.num_rows == 0 for r in one_task) and sum(len(r.staged or []) for r in one_task) > 3
+    assert all(r.produced.num_rows for r in bucketed if r.n["events_in"])
+
+    def files(name: str) -> list[dict[str, dict[str, tuple[str, int]]]]:
+        cp = Checkpoints(store, name)
+        ms = [cp.load(n) for n in cp.committed()]
+        return [{w: {p: (r.sha256, r.rows) for p, r in ps.items()} for w, ps in m.outputs.items()} for m in ms]
+
+    got = files("one_task")
+    assert got == files("bucketed") and len(got) >= 3 and got[-1]
+    # an epoch after the first rewrote a partition an earlier epoch of the same job had staged
+    assert any(p in a[w] and a[w][p] != b[w][p] for a, b in zip(got, got[1:], strict=False) for w in b for p in b[w]), (
+        got
+    )
+    assert _committed(store, specs["one_task"]) == _committed(store, specs["bucketed"])
+
+
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_the_stage_on_spark_equals_the_reference_and_replays_exactly(store, spark, tmp_path: Path, seed: int) -> None:
     rnd = random.Random(seed)

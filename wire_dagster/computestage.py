@@ -20,7 +20,9 @@ then runs every computation per key:
   for one worker (`reclock.one_task`), and a backlog of such epochs, runs as ONE task that
   reads its chunks itself and carries the state from epoch to epoch in memory — the same
   results. Only the produced records, the new carried state (bounded by what the user keeps,
-  plus the records waiting for W) and dead letters come back to the driver.
+  plus the records waiting for W) and dead letters come back to the driver; that one task
+  stages its epochs' output partitions itself (`stage_outputs`, the driver's rule) and hands
+  back their file references instead of the records.
 - **Exactly once.** The produced records (per output partition: the partition's committed
   rows plus the epoch's, `out/<output>/<partition>.parquet`), the carried state
   (`state/_computations.parquet`: per computation and key, the user's state, the pending
@@ -63,6 +65,7 @@ to the next through a scratch object in the store: its memory is a job's, not th
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -82,7 +85,7 @@ from .faults import fault, pause
 from .handover import Handover, scratch_prefix, unpacked
 from .kernel import DEAD_LETTER  # the dead letters' file, one schema for windows and computations
 from .manifest import Counts, FileRef, Manifest
-from .objectstore import ObjectStore
+from .objectstore import ObjectStore, S3Config
 from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
@@ -654,6 +657,62 @@ class EpochOut:
     n: dict[str, int]
     pstats: pa.Table  # PSTATS_SCHEMA: the epoch's counters per computation and partition
     handed: int = 0  # a backfill's job (`compute`'s `carry_to`): rows of the state written there
+    #: the output partitions the task staged itself (`compute`'s `staging`), in `stage_outputs`'
+    #: order; None when the driver stages `produced`
+    staged: list[tuple[str, int, FileRef]] | None = None
+
+
+#: The file references a task hands back for the output partitions it staged (`TaskStaging`).
+STAGED_SCHEMA = pa.schema(
+    [
+        ("output", pa.string()),
+        ("partition", pa.int64()),
+        ("key", pa.string()),
+        ("sha256", pa.string()),
+        ("rows", pa.int64()),
+        ("bytes", pa.int64()),
+        ("epoch", pa.int64()),
+        ("md5", pa.string()),
+    ]
+)
+
+
+@dataclass
+class TaskStaging:
+    """Where a single task's epochs stage their output partitions (`compute`'s `staging`): each
+    epoch's run id and number, and the output files each epoch merges into — the last committed
+    manifest's, then each epoch's own as the task stages them. The task puts the partitions'
+    files under the run's staging as the driver would (`stage_outputs`), so their records never
+    travel through Spark's driver; it hands back their references (STAGED_SCHEMA)."""
+
+    cfg: S3Config  # for the task's own ObjectStore
+    run_ids: list[str]
+    epochs: list[int]
+    outputs: dict[str, dict[str, FileRef]]
+    _store: ObjectStore | None = None  # the task's, made there at its first epoch
+
+    @classmethod
+    def of(cls, store: ObjectStore, spec: Pipeline, prev: Manifest | None, run_ids: list[str], epochs: list[int]):
+        return cls(store.cfg, run_ids, epochs, _outputs_after(spec, prev))
+
+    def stage(self, spec: Pipeline, i: int, produced: pa.Table) -> pa.Table:
+        """Epoch `i`'s produced records staged; their references, as a table."""
+        if self._store is None:
+            self._store = ObjectStore(self.cfg)
+        with stage_outputs(self._store, spec, self.run_ids[i], self.epochs[i], self.outputs, produced) as done:
+            refs = list(done)
+        for name, p, ref in refs:
+            self.outputs[name][str(p)] = ref
+        rows = [{"output": name, "partition": p, **ref.model_dump()} for name, p, ref in refs]
+        return pa.Table.from_pylist(rows, STAGED_SCHEMA)
+
+
+def _staged_refs(tables: list[pa.Table]) -> list[tuple[str, int, FileRef]]:
+    return [
+        (r.pop("output"), r.pop("partition"), FileRef(**r))
+        for t in tables
+        for r in t.select(STAGED_SCHEMA.names).to_pylist()
+    ]
 
 
 def _gather(tables: dict[tuple[str, str], list[pa.Table]]) -> EpochOut:
@@ -714,6 +773,7 @@ def compute(
     single_task: bool | None = None,
     sync: list[tuple[Sync, list[tuple[str, str, int, int, int]]]] | None = None,
     carry_to: str | None = None,
+    staging: TaskStaging | None = None,
 ) -> list[EpochOut]:
     """One Spark job: every epoch of `epochs` (chunks, W before, W after) in one task, carrying
     the state in memory, when they fit one worker; else the one epoch by key bucket. `sync`: per
@@ -722,7 +782,9 @@ def compute(
     `single_task` is False. `carry_to` (a backfill's job, `recompute`): each epoch hands back
     only its produced records, and the state after the job's last epoch is written to that key
     (by the task itself; by the driver after a job by key bucket, which gathers it anyway), its
-    rows in the last EpochOut's `handed`."""
+    rows in the last EpochOut's `handed`. `staging`: a single task stages each epoch's output
+    partitions itself there and hands back their references (EpochOut's `staged`) instead of
+    the produced records; a job by key bucket hands the records back (the driver stages them)."""
     from .bucketkernel import PACKED_DDL, pack
 
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
@@ -759,10 +821,17 @@ def compute(
                     carried = out[("carried", "")]
                     if carry_to is not None:
                         out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)
+                    elif staging is not None:
+                        out[("staged", "")] = staging.stage(spec, i, out.pop(("produced", "")))
                     yield from handover(pack(out, epoch=i)).to_batches()
 
         packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
-        return [_gather(t) for t in unpacked(store, packed, len(epochs))]
+        tables = unpacked(store, packed, len(epochs))
+        results = [_gather(t) for t in tables]
+        if staging is not None and carry_to is None:
+            for res, t in zip(results, tables, strict=True):
+                res.staged = _staged_refs(t.get(("staged", ""), []))
+        return results
     assert len(epochs) == 1, "a job of several epochs runs as one task"
     (_, w_prev, w_new) = epochs[0]
     packed = _bucketed(spark, src, loaded, keys[0], carried_key, w_prev, w_new, handover, hows[0]).toArrow()
@@ -871,8 +940,10 @@ def process(
         spark = started_session(spark)
         carried_key = ref.key if ref is not None and ref.rows else None
         epochs = [(p.chunks, p.w_prev, p.clock.watermark) for p in batch]
+        run_ids = [run_id or new_run_id(), *(new_run_id() for _ in batch[1:])]
+        staging = TaskStaging.of(store, spec, prev, run_ids, [p.epoch for p in batch])
         try:
-            results = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task)
+            results = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, staging=staging)
         except WireError:
             raise
         except Exception:  # Spark wraps executor I/O errors in its own exceptions
@@ -880,8 +951,8 @@ def process(
             if down is not None:
                 raise down from None
             raise
-        for plan, res in zip(batch, results, strict=True):
-            m = _commit(store, cp, spec, prev, run_id or new_run_id(), _raw_head(spec, plan), res)
+        for plan, res, rid in zip(batch, results, run_ids, strict=True):
+            m = _commit(store, cp, spec, prev, rid, _raw_head(spec, plan), res)
             run_id = None
             out.took(m)
             prev = m
@@ -923,8 +994,10 @@ def _process_synced(
         spark = started_session(spark)
         epochs: list[tuple[list[ChunkMeta], int, int]] = [([], plan.w_prev, plan.w_new)]
         rows = ref.rows if ref else 0
-        res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, [sync])
-        m = _commit(store, cp, spec, prev, run_id or new_run_id(), _synced_head(spec, ups, plan), res[0])
+        rid = run_id or new_run_id()
+        staging = TaskStaging.of(store, spec, prev, [rid], [plan.epoch])
+        res = compute(store, spec, spark, loaded, carried_key, rows, epochs, single_task, [sync], staging=staging)
+        m = _commit(store, cp, spec, prev, rid, _synced_head(spec, ups, plan), res[0])
         run_id = None
         out.took(m)
         prev = m
@@ -1179,6 +1252,41 @@ def merge_output(old: pa.Table | None, new: pa.Table) -> pa.Table:
     return sorted_rows(t, [("key", "ascending"), ("window_start", "ascending"), ("id", "ascending")])
 
 
+def _outputs_after(spec: Pipeline, prev: Manifest | None) -> dict[str, dict[str, FileRef]]:
+    """Every output's files as `prev` names them (by partition): what an epoch merges into."""
+    outputs = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
+    for w in spec.windows:
+        outputs.setdefault(w.name, {})
+    return outputs
+
+
+@contextlib.contextmanager
+def stage_outputs(
+    store: ObjectStore,
+    spec: Pipeline,
+    run_id: str,
+    epoch: int,
+    outputs: dict[str, dict[str, FileRef]],
+    produced: pa.Table,
+) -> Iterator[Iterator[tuple[str, int, FileRef]]]:
+    """An epoch's produced records staged per output partition: each partition it touches gets
+    its records in `outputs` (the file it merges into) plus the epoch's (`merge_output`), as
+    `out/<output>/<partition>.parquet` under the run's staging. Partitions are staged side by
+    side and handed back in `by_output_partition`'s order, so the same manifest, whether the
+    driver stages them or a single task does (`TaskStaging`)."""
+    cp = Checkpoints(store, spec.name)
+    # (output, partition, the epoch's records of it, the file it merges into)
+    touched = [(name, p, rows, outputs[name].get(str(p))) for name, p, rows in by_output_partition(spec, produced)]
+
+    def stage_partition(job) -> tuple[str, int, FileRef]:
+        name, p, rows, prior = job
+        content = merge_output(read_file(store, prior), rows)
+        return name, p, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
+
+    with staged(stage_partition, touched) as done:
+        yield done
+
+
 def _commit(
     store: ObjectStore,
     cp: Checkpoints,
@@ -1192,20 +1300,13 @@ def _commit(
     letters, then prepare and commit its manifest."""
     epoch = head.epoch
     fault("before-staging")
-    outputs: dict[str, dict[str, FileRef]] = {w: dict(p) for w, p in (prev.outputs.items() if prev else [])}
+    outputs = _outputs_after(spec, prev)
     changed: dict[str, list[int]] = {w.name: [] for w in spec.windows}
-    for w in spec.windows:
-        outputs.setdefault(w.name, {})
-    # (output, partition, the epoch's records of it, its committed file)
-    touched = [(name, p, rows, outputs[name].get(str(p))) for name, p, rows in by_output_partition(spec, res.produced)]
-
-    def stage_partition(job) -> tuple[str, int, FileRef]:
-        """A touched partition's new content (its committed records and the epoch's), staged."""
-        name, p, rows, prior = job
-        content = merge_output(read_file(store, prior), rows)
-        return name, p, cp.stage(run_id, f"out/{name}/{p}.parquet", parquet_bytes(content), content.num_rows, epoch)
-
-    with staged(stage_partition, touched) as done:  # side by side; in order, so the same manifest
+    if res.staged is None:
+        staging = stage_outputs(store, spec, run_id, epoch, outputs, res.produced)
+    else:  # the task staged them (TaskStaging)
+        staging = contextlib.nullcontext(iter(res.staged))
+    with staging as done:
         for i, (name, p, ref) in enumerate(done):
             if i == 0:
                 fault("mid-staging")

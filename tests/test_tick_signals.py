@@ -409,6 +409,17 @@ def test_run_error_is_the_error_inside_dagsters_wrapper(exc, cls, base, line, mo
     assert "Stack Trace:" in report and "raise exc" in report and "DagsterExecutionStepExecutionError" in report
 
 
+@dg.op
+def _nothing() -> None:
+    pass
+
+
+@dg.job
+def _nothing_job() -> None:
+    """A job for a PipelineRuns that never runs it: only the pipeline's lock is tried."""
+    _nothing()
+
+
 def test_a_lock_wait_ends_when_another_thread_receives_the_signal(tmp_path: Path) -> None:
     """The kernel hands a signal sent to a process to any of its threads that does not block it;
     a library's thread may take it. The main thread, waiting for another tick's pipeline lock,
@@ -416,14 +427,6 @@ def test_a_lock_wait_ends_when_another_thread_receives_the_signal(tmp_path: Path
     would only see the signal once the other tick released the lock, here after 8 s)."""
     import fcntl
     import threading
-
-    @dg.op
-    def nothing() -> None:
-        pass
-
-    @dg.job
-    def job() -> None:
-        nothing()
 
     (tmp_path / "home").mkdir()
     with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as inst:
@@ -438,7 +441,7 @@ def test_a_lock_wait_ends_when_another_thread_receives_the_signal(tmp_path: Path
         t = time.monotonic()
         try:
             with pytest.raises(R.Interrupted, match="interrupted by SIGINT while waiting for pipeline p"):
-                with R.Signals() as signals, R.PipelineRuns(inst, "p", job, "wire tick", signals):
+                with R.Signals() as signals, R.PipelineRuns(inst, "p", _nothing_job, "wire tick", signals):
                     pass
             took = time.monotonic() - t
         finally:
@@ -453,14 +456,6 @@ def test_a_waiting_tick_names_a_holder_that_has_not_written_its_name_yet(tmp_pat
     lock file; the other may read the file in between. It reads again rather than saying
     "another wire process" (CI met this once in test_tick_kill's race)."""
     import fcntl
-
-    @dg.op
-    def nothing() -> None:
-        pass
-
-    @dg.job
-    def job() -> None:
-        nothing()
 
     (tmp_path / "home").mkdir()
     name = "wire tick (pid 4242 on elsewhere)"
@@ -481,7 +476,7 @@ def test_a_waiting_tick_names_a_holder_that_has_not_written_its_name_yet(tmp_pat
         said: list[str] = []
         try:
             with R.Signals() as signals:
-                runs = R.PipelineRuns(inst, "p", job, "wire tick", signals)
+                runs = R.PipelineRuns(inst, "p", _nothing_job, "wire tick", signals)
                 runs.say = said.append
                 with runs:
                     pass

@@ -662,18 +662,13 @@ class EpochOut:
     staged: list[tuple[str, int, FileRef]] | None = None
 
 
-#: The file references a task hands back for the output partitions it staged (`TaskStaging`).
+#: The file references a task hands back for the output partitions it staged (`TaskStaging`):
+#: the output and partition, then FileRef's own fields (a field of a type not listed here fails
+#: at import, not in a task).
+_ARROW_OF = {str: pa.string(), int: pa.int64(), str | None: pa.string()}
 STAGED_SCHEMA = pa.schema(
-    [
-        ("output", pa.string()),
-        ("partition", pa.int64()),
-        ("key", pa.string()),
-        ("sha256", pa.string()),
-        ("rows", pa.int64()),
-        ("bytes", pa.int64()),
-        ("epoch", pa.int64()),
-        ("md5", pa.string()),
-    ]
+    [("output", pa.string()), ("partition", pa.int64())]
+    + [(name, _ARROW_OF[f.annotation]) for name, f in FileRef.model_fields.items()]
 )
 
 
@@ -787,6 +782,7 @@ def compute(
     the produced records; a job by key bucket hands the records back (the driver stages them)."""
     from .bucketkernel import PACKED_DDL, pack
 
+    assert staging is None or carry_to is None, "a backfill's job hands its records back: it stages nothing"
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
     handover = Handover.of_results(store, spec.name)
     keys = [src.chunk_keys(chunks) for chunks, _, _ in epochs] if sync is None else [f for _, f in sync]
@@ -828,7 +824,7 @@ def compute(
         packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
         tables = unpacked(store, packed, len(epochs))
         results = [_gather(t) for t in tables]
-        if staging is not None and carry_to is None:
+        if staging is not None:
             for res, t in zip(results, tables, strict=True):
                 res.staged = _staged_refs(t.get(("staged", ""), []))
         return results

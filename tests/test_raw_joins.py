@@ -462,8 +462,10 @@ def test_the_vectorised_pass_through_equals_delivery_record_by_record(tmp_path: 
     per-record delivery (run_key, screen) of the same class: the same produced rows, carried
     state, dead letters and counters, epoch after epoch (the state carried by each path), over
     random records with disorder, repeats (in and across epochs), late ones, filtered and
-    malformed ones, null keys and ids, two segments. Each record's text is canonical, as
-    computestage.read_records reads it for the pass-through (tests/test_passthrough_speed.py)."""
+    malformed ones, null keys and ids, two segments; the pass-through on one DuckDB thread (a
+    job of many tasks) and on two (the only task of a job: kernel.task_threads). Each record's
+    text is canonical, as computestage.read_records reads it for the pass-through
+    (tests/test_passthrough_speed.py)."""
     from dataclasses import replace
 
     import pyarrow as pa
@@ -490,7 +492,7 @@ def test_the_vectorised_pass_through_equals_delivery_record_by_record(tmp_path: 
     totals: Counter = Counter()
     for seed in range(8):
         rnd = random.Random(seed)
-        carried = {"fast": CARRIED_SCHEMA.empty_table(), "slow": CARRIED_SCHEMA.empty_table()}
+        carried = {k: CARRIED_SCHEMA.empty_table() for k in ("fast", "fast2", "slow")}
         w, top, i = NEG_INF, None, 0
         for epoch in range(6):
             rows = []
@@ -512,9 +514,11 @@ def test_the_vectorised_pass_through_equals_delivery_record_by_record(tmp_path: 
             w_new = INF if epoch == 5 else max(w, top - OOO if top is not None else NEG_INF)
             out = {
                 "fast": run_bucket(fast, fast.instances(), events, carried["fast"], w, w_new),
+                # as the only task of a job runs it: DuckDB on two threads
+                "fast2": run_bucket(fast, fast.instances(), events, carried["fast2"], w, w_new, threads=2),
                 "slow": run_bucket(slow, slow.instances(), events, carried["slow"], w, w_new),
             }
-            assert norm(out["fast"]) == norm(out["slow"]), (seed, epoch)
+            assert norm(out["fast"]) == norm(out["fast2"]) == norm(out["slow"]), (seed, epoch)
             carried = {k: v[("carried", "")] for k, v in out.items()}
             for s in out["fast"][("stats", "")].to_pylist():
                 totals.update({k: s[k] for k in ("delivered", "buffered", "duplicate", "dropped_late")})

@@ -380,13 +380,15 @@ def run_bucket(
     w_prev: int,
     w_new: int,
     sync: Sync | None = None,
+    threads: int = 1,
 ) -> dict[tuple[str, str], pa.Table]:
     """Every computation over the keys of `events` (RECORD_SCHEMA) and `carried` (CARRIED_SCHEMA):
     tables ("produced", ""), ("carried", ""), ("dead", ""), ("stats", ""), ("n", ""). With
     `sync` (a derived input), `events` are the rows of the upstream partitions read again, and
-    each key's deliveries are `sync_changes`'s."""
+    each key's deliveries are `sync_changes`'s. `threads`: DuckDB's, for a vectorised bucket
+    (the only task of a job has its cores: kernel.task_threads)."""
     if vectorised(loaded):  # the pass-through (passthrough.py): the same tables, without per-record Python
-        return loaded.classes[0].bucket(loaded, events, carried, w_prev, w_new)
+        return loaded.classes[0].bucket(loaded, events, carried, w_prev, w_new, threads=threads)
     carried_by: dict[str, dict[str | None, str]] = {}
     cd = carried.select(CARRIED_SCHEMA.names).to_pydict()
     for c, k, d in zip(cd["comp"], cd["key"], cd["data"], strict=True):
@@ -781,6 +783,7 @@ def compute(
     partitions itself there and hands back their references (EpochOut's `staged`) instead of
     the produced records; a job by key bucket hands the records back (the driver stages them)."""
     from .bucketkernel import PACKED_DDL, pack
+    from .kernel import session_cores, task_threads
 
     assert staging is None or carry_to is None, "a backfill's job hands its records back: it stages nothing"
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
@@ -794,6 +797,7 @@ def compute(
     if single_task:
         windows = [(w_prev, w_new) for _, w_prev, w_new in epochs]
         cfg = store.cfg if carry_to is not None else None
+        cores = session_cores(spark)
 
         def task(batches):
             from concurrent.futures import ThreadPoolExecutor
@@ -813,7 +817,7 @@ def compute(
                     events = nxt.result()
                     if i + 1 < len(windows):
                         nxt = ahead.submit(src.read, fs, keys[i + 1], pool)
-                    out = run_bucket(loaded, comps, events, carried, w_prev, w_new, hows[i])
+                    out = run_bucket(loaded, comps, events, carried, w_prev, w_new, hows[i], task_threads(cores))
                     carried = out[("carried", "")]
                     if carry_to is not None:
                         out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)

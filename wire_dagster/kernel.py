@@ -410,13 +410,10 @@ def _one_task(
     memory carried from one to the next (it also flags the repeated ids): one Spark stage of
     one task, driven by a one-row DataFrame."""
     carried = {w.name: state.get(w.name) for w in spec.windows}
-    # The job's only task may use the cores the session's parallelism names (its shuffle
-    # partitions: the local cores by default), as far as its executor has them.
-    cores = int(spark.conf.get("spark.sql.shuffle.partitions", "1"))
+    cores = session_cores(spark)
     budget = JOB_RESULT_BYTES  # read here: the task carries the value, not the module's name
 
     def task(batches):
-        import os
         from concurrent.futures import ThreadPoolExecutor
 
         for _ in batches:  # the one driving row
@@ -433,7 +430,7 @@ def _one_task(
             loaded_ids = pool.submit(_load, ids)
             nxt = ahead.submit(events_of, epochs[0][0])
             side = side_table(spec, {n: f.result() for n, f in loaded.items()}, loaded_ids.result())
-            threads = max(1, min(cores, len(os.sched_getaffinity(0))))
+            threads = task_threads(cores)
             sent = 0
             for i, (_, w_prev, w_new) in enumerate(epochs):
                 ev = nxt.result()
@@ -453,6 +450,20 @@ def _one_task(
                     side = side_table(spec, st, _sorted_or_none(out.get(("ids", "")), ["id"]))
 
     return spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL)
+
+
+def session_cores(spark) -> int:
+    """The cores the session's parallelism names (its shuffle partitions: the local cores by
+    default): what the only task of a job may use (`task_threads`), read on the driver."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions", "1"))
+
+
+def task_threads(cores: int) -> int:
+    """The threads the only task of a job gives DuckDB, on its executor: `cores`
+    (`session_cores`) as far as the executor has them. A job of many tasks gives each one."""
+    import os
+
+    return max(1, min(cores, len(os.sched_getaffinity(0))))
 
 
 def _load(src: pa.Table | Stored | None) -> pa.Table | None:

@@ -34,11 +34,11 @@ class Records(Computation):
     #: computestage.run_bucket calls this instead of delivering record by record: `bucket` below,
     #: vectorised, the same tables (the class is what computestage loads, so it never imports us).
     @staticmethod
-    def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
-        return bucket(loaded, events, carried, w_prev, w_new)
+    def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -> dict:
+        return bucket(loaded, events, carried, w_prev, w_new, threads)
 
 
-def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
+def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -> dict:
     """`computestage.run_bucket` for a pipeline whose one computation is this pass-through, with
     no per-record Python call: DuckDB over the bucket's Arrow tables screens the records
     (duplicate ids, late records: `computestage.screen`'s rules), delivers those W passed and
@@ -105,7 +105,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int) -> dict:
     texts = one_array([good[JSON], pa.array(buf.pop("j"), pa.string())], pa.string())  # past 2 GB: large_string
     buf["ix"] = list(range(good.num_rows, good.num_rows + n_before))
     types = {"t": pa.int64(), "seq": pa.int64(), "row": pa.int64(), "expires": pa.int64(), "ix": pa.int64()}
-    con = duckdb.connect(config={"threads": 1})
+    con = duckdb.connect(config={"threads": threads})  # the only task of a job: its cores (run_bucket)
     try:
         con.register("good", good.drop_columns([JSON]).append_column("ix", pa.array(np.arange(good.num_rows))))
         con.register("buf", pa.table({c: pa.array(v, types.get(c, pa.string())) for c, v in buf.items()}))

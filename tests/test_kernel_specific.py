@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import pyarrow as pa
 import pytest
 
 import reference
@@ -425,3 +426,25 @@ def test_a_failed_commit_leaves_the_next_job_uncommitted_and_the_retry_commits_t
         }
         assert {w: r.sha256 for w, r in ma.state.items()} == {w: r.sha256 for w, r in mb.state.items()}
         assert ma.ids is not None and mb.ids is not None and ma.ids.sha256 == mb.ids.sha256
+
+
+def test_the_kernels_spark_types_are_made_without_asking_spark_again(spark, monkeypatch) -> None:
+    """The type of packed tables (every job's `mapInArrow`/`applyInArrow`) is made locally and is
+    what Spark parses of its DDL; a window's DDL is parsed by Spark once per process (Spark
+    Connect asks its server for each parse)."""
+    import uuid
+
+    from pyspark.sql import types
+
+    from wire_dagster.bucketkernel import PACKED_SCHEMA, pack, packed_type
+
+    ddl = "epoch INT, kind STRING, w STRING, data BINARY, ref STRING"
+    assert packed_type() == types._parse_datatype_string(ddl)
+    assert pack({("out", "w"): pa.table({"x": [1]})}).schema == PACKED_SCHEMA
+
+    parsed = []
+    real = types._parse_datatype_string
+    monkeypatch.setattr(types, "_parse_datatype_string", lambda s: parsed.append(s) or real(s))
+    window = f"key STRING, start BIGINT, `end` BIGINT, n_{uuid.uuid4().hex} BIGINT"  # never parsed before
+    first, again = kernel._ddl_to_arrow(window), kernel._ddl_to_arrow(window)
+    assert first == again and first.names[:3] == ["key", "start", "end"] and parsed == [window]

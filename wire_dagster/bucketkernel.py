@@ -43,7 +43,17 @@ DEC = f"DECIMAL(38,{SCALE})"
 # One row per (kind, window) table a bucket produced: what `kernel.run_epoch` collects. `ref`: the
 # object holding the table's bytes when the task handed them over through the store
 # (`data` then null; handover.py).
-PACKED_DDL = "epoch INT, kind STRING, w STRING, data BINARY, ref STRING"
+PACKED_SCHEMA = pa.schema(
+    [("epoch", pa.int32()), ("kind", pa.string()), ("w", pa.string()), ("data", pa.binary()), ("ref", pa.string())]
+)
+
+
+def packed_type():
+    """PACKED_SCHEMA as the type a `mapInArrow` or `applyInArrow` of packed tables returns, made
+    here: Spark Connect sends a DDL string to the server to be parsed, a round trip per job."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(PACKED_SCHEMA)
 
 
 def side_column(i: int, c: str) -> str:
@@ -600,15 +610,8 @@ def pack(tables: dict[tuple[str, str], pa.Table], epoch: int = 0) -> pa.Table:
             kinds.append(kind)
             names.append(w)
             blobs.append(sink.getvalue().to_pybytes())
-    return pa.table(
-        {
-            "epoch": pa.array([epoch] * len(kinds), pa.int32()),
-            "kind": pa.array(kinds, pa.string()),
-            "w": pa.array(names, pa.string()),
-            "data": pa.array(blobs, pa.binary()),
-            "ref": pa.nulls(len(kinds), pa.string()),
-        }
-    )
+    cols = [[epoch] * len(kinds), kinds, names, blobs, [None] * len(kinds)]
+    return pa.table(dict(zip(PACKED_SCHEMA.names, cols, strict=True)), schema=PACKED_SCHEMA)
 
 
 def unpack(

@@ -782,7 +782,7 @@ def compute(
     rows in the last EpochOut's `handed`. `staging`: a single task stages each epoch's output
     partitions itself there and hands back their references (EpochOut's `staged`) instead of
     the produced records; a job by key bucket hands the records back (the driver stages them)."""
-    from .bucketkernel import PACKED_DDL, pack
+    from .bucketkernel import pack, packed_type
     from .kernel import session_cores, task_threads
 
     assert staging is None or carry_to is None, "a backfill's job hands its records back: it stages nothing"
@@ -825,7 +825,7 @@ def compute(
                         out[("staged", "")] = staging.stage(spec, i, out.pop(("produced", "")))
                     yield from handover(pack(out, epoch=i)).to_batches()
 
-        packed = spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL).toArrow()
+        packed = spark.range(0, 1, 1, 1).mapInArrow(task, packed_type()).toArrow()
         tables = unpacked(store, packed, len(epochs))
         results = [_gather(t) for t in tables]
         if staging is not None:
@@ -859,7 +859,7 @@ def _bucketed(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from .bucketkernel import PACKED_DDL, pack
+    from .bucketkernel import pack, packed_type
     from .kernel import _keys_frame, _read_key, read_parquet_keys
 
     def read(batches):
@@ -896,7 +896,7 @@ def _bucketed(
         events.withColumn("_b", bucket(KEY))
         .groupBy("_b")
         .cogroup(carried.withColumn("_b", bucket("key")).groupBy("_b"))
-        .applyInArrow(one_bucket, PACKED_DDL)
+        .applyInArrow(one_bucket, packed_type())
     )
 
 

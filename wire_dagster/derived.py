@@ -426,7 +426,7 @@ def _compute(
     as numbers by earlier epochs, then every task's of this one): a task whose records of a field
     are all text where the join needs a number (`JoinTypeError`) is run again with the types the
     other tasks found; only a field no record ever held a number for is the one-line error."""
-    from .bucketkernel import PACKED_DDL, SEG, SEQ, bucket_epoch, pack, side_table
+    from .bucketkernel import SEG, SEQ, bucket_epoch, pack, packed_type, side_table
     from .events import ERR, FILTERED, KEY, ROW, TIME, chunk_schema
     from .expand import is_generated
     from .extract import pipeline_events
@@ -537,7 +537,7 @@ def _compute(
             ids = spark.range(0, len(blocks), 1, len(blocks))
         else:
             ids = spark.createDataFrame([(i,) for i in which], "id long").repartition(len(which))
-        return unpacked(store, ids.mapInArrow(task, PACKED_DDL).toArrow())[0]
+        return unpacked(store, ids.mapInArrow(task, packed_type()).toArrow())[0]
 
     tables = run(list(range(len(blocks))))
     for t in tables.get(("numbers", ""), []):

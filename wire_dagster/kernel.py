@@ -32,6 +32,7 @@ input — come back to the driver, as Arrow tables, which stages them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -43,12 +44,12 @@ from .bucketkernel import (
     DUP,
     IDS_SCHEMA,
     IDS_W,
-    PACKED_DDL,
     SEG,
     SEQ,
     bucket_epoch,
     error_reasons,
     pack,
+    packed_type,
     side_column,
     side_table,
     unpack,
@@ -123,9 +124,15 @@ def read_parquet_keys(
 
 
 def _keys_frame(spark, keys: list[tuple], columns: list[tuple[str, pa.DataType]]):
-    """A DataFrame of `keys` rows (the objects to read), spread over the session's parallelism."""
-    ddl = ", ".join(f"{n} {'BIGINT' if pa.types.is_integer(t) else 'STRING'}" for n, t in columns)
-    kdf = spark.createDataFrame([tuple(k) for k in keys], ddl) if keys else spark.createDataFrame([], ddl)
+    """A DataFrame of `keys` rows (the objects to read), spread over the session's parallelism.
+    Its columns are integers (BIGINT) or text, typed here (a DDL string costs Spark Connect a
+    round trip to the server)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    typed = from_arrow_schema(
+        pa.schema([(n, pa.int64() if pa.types.is_integer(t) else pa.string()) for n, t in columns])
+    )
+    kdf = spark.createDataFrame([tuple(k) for k in keys], typed)
     parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
     return kdf.repartition(parts)
 
@@ -287,7 +294,10 @@ def _sorted_or_none(t: pa.Table | None, keys: list[str]) -> pa.Table | None:
     return None if t is None else _sorted(t, keys)
 
 
-def _ddl_to_arrow(spark, ddl: str) -> pa.Schema:
+@functools.lru_cache(maxsize=256)
+def _ddl_to_arrow(ddl: str) -> pa.Schema:
+    """A DDL of columns as an Arrow schema, parsed once per process: Spark parses it (Spark
+    Connect on the server, a round trip each time) and the answer never changes."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType, _parse_datatype_string
 
@@ -308,10 +318,10 @@ class Stored:
 def _frame(spark, ddl: str, src: pa.Table | Stored | None):
     """A DataFrame of `ddl` columns: from the store on the executors, or from a driver table."""
     if isinstance(src, Stored):
-        return read_parquet_keys(spark, src.fs_options, src.bucket, [(src.key,)], _ddl_to_arrow(spark, ddl), [])
+        return read_parquet_keys(spark, src.fs_options, src.bucket, [(src.key,)], _ddl_to_arrow(ddl), [])
     if src is None or src.num_rows == 0:
         return spark.createDataFrame([], ddl)
-    return spark.createDataFrame(src.cast(_ddl_to_arrow(spark, ddl)))
+    return spark.createDataFrame(src.cast(_ddl_to_arrow(ddl)))
 
 
 # ONE Spark job per epoch, as a rule: the events are read, de-duplicated, shuffled by key
@@ -449,7 +459,7 @@ def _one_task(
                     }
                     side = side_table(spec, st, _sorted_or_none(out.get(("ids", "")), ["id"]))
 
-    return spark.range(0, 1, 1, 1).mapInArrow(task, PACKED_DDL)
+    return spark.range(0, 1, 1, 1).mapInArrow(task, packed_type())
 
 
 def session_cores(spark) -> int:
@@ -507,7 +517,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
         ev.withColumn("_b", _bucket(F, KEY, buckets))
         .groupBy("_b")
         .cogroup(side.groupBy("_b"))
-        .applyInArrow(one_bucket, PACKED_DDL)
+        .applyInArrow(one_bucket, packed_type())
     )
 
 
@@ -535,7 +545,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
         if late.num_rows:
             dead.append(_with_reason(late, "late", w.name))
         out = gathered("out", w.name, _out_schema(spark, w))
-        st = gathered("state", w.name, _ddl_to_arrow(spark, state_ddl(w)))
+        st = gathered("state", w.name, _ddl_to_arrow(state_ddl(w)))
         # Results are sorted where they are written (engine.apply_changes, per partition); the
         # new state is written as it is, so it is sorted here: reruns write identical bytes.
         results[w.name] = (out, _sorted(st, ["key", "start", "end"]))
@@ -594,4 +604,4 @@ def _side(spark, F, spec: Pipeline, state, seen):
 
 
 def _out_schema(spark, w: WindowSpec) -> pa.Schema:
-    return _ddl_to_arrow(spark, output_ddl(w)).append(pa.field("retract", pa.bool_()))
+    return _ddl_to_arrow(output_ddl(w)).append(pa.field("retract", pa.bool_()))

@@ -544,7 +544,7 @@ def _gather(spark, F, spec: Pipeline, events: Chunks | pa.Table, tables: dict) -
         late_by[w.name] = late.num_rows
         if late.num_rows:
             dead.append(_with_reason(late, "late", w.name))
-        out = gathered("out", w.name, _out_schema(spark, w))
+        out = gathered("out", w.name, _out_schema(w))
         st = gathered("state", w.name, _ddl_to_arrow(state_ddl(w)))
         # Results are sorted where they are written (engine.apply_changes, per partition); the
         # new state is written as it is, so it is sorted here: reruns write identical bytes.
@@ -603,5 +603,5 @@ def _side(spark, F, spec: Pipeline, state, seen):
     return side
 
 
-def _out_schema(spark, w: WindowSpec) -> pa.Schema:
+def _out_schema(w: WindowSpec) -> pa.Schema:
     return _ddl_to_arrow(output_ddl(w)).append(pa.field("retract", pa.bool_()))

@@ -89,6 +89,7 @@ from .objectstore import ObjectStore, S3Config
 from .outcome import Outcome
 from .parquetio import parquet_bytes
 from .results import read_file
+from .sparkconf import session_cores
 from .spec import WINDOW_TIME, ComputationSpec, Pipeline
 from .streams import ChunkMeta, check_stream, read_inputs, views_from
 from .timeutil import INF, NEG_INF, now_ms
@@ -783,7 +784,7 @@ def compute(
     partitions itself there and hands back their references (EpochOut's `staged`) instead of
     the produced records; a job by key bucket hands the records back (the driver stages them)."""
     from .bucketkernel import pack, packed_type
-    from .kernel import session_cores, task_threads
+    from .kernel import task_threads
 
     assert staging is None or carry_to is None, "a backfill's job hands its records back: it stages nothing"
     src = _Source(store.fs_options(), store.bucket, spec, vectorised(loaded))
@@ -810,6 +811,7 @@ def compute(
             comps = loaded.instances()
             # As the window kernel's task (kernel._one_task): an epoch's chunks are fetched side
             # by side, and the next epoch's while this one is computed.
+            threads = task_threads(cores)
             with ThreadPoolExecutor(max_workers=READ_THREADS) as pool, ThreadPoolExecutor(max_workers=1) as ahead:
                 nxt = ahead.submit(src.read, fs, keys[0], pool)
                 carried = src.carried(fs, carried_key)
@@ -817,7 +819,7 @@ def compute(
                     events = nxt.result()
                     if i + 1 < len(windows):
                         nxt = ahead.submit(src.read, fs, keys[i + 1], pool)
-                    out = run_bucket(loaded, comps, events, carried, w_prev, w_new, hows[i], task_threads(cores))
+                    out = run_bucket(loaded, comps, events, carried, w_prev, w_new, hows[i], threads)
                     carried = out[("carried", "")]
                     if carry_to is not None:
                         out = _handed_over(out, i == len(windows) - 1, carry_to, cfg)
@@ -880,7 +882,7 @@ def _bucketed(
     else:
         carried = spark.createDataFrame([], from_arrow_schema(CARRIED_SCHEMA))
     del _read_key
-    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+    buckets = 4 * session_cores(spark)
     handover = handover.share(buckets)
 
     def one_bucket(ev: pa.Table, ca: pa.Table) -> pa.Table:

@@ -58,6 +58,7 @@ from .events import ERR, ID, KEY, RECORDS, ROW, SRC, TIME, chunk_schema
 from .extract import pipeline_events, read_schema
 from .handover import Handover, unpacked
 from .objectstore import ObjectStore
+from .sparkconf import session_cores
 from .spec import INPUT_SEP, Pipeline, WindowSpec, field_column
 from .streams import ChunkMeta
 
@@ -133,7 +134,7 @@ def _keys_frame(spark, keys: list[tuple], columns: list[tuple[str, pa.DataType]]
         pa.schema([(n, pa.int64() if pa.types.is_integer(t) else pa.string()) for n, t in columns])
     )
     kdf = spark.createDataFrame([tuple(k) for k in keys], typed)
-    parts = max(1, min(len(keys), int(spark.conf.get("spark.sql.shuffle.partitions", "2")) * 2))
+    parts = max(1, min(len(keys), 2 * session_cores(spark)))
     return kdf.repartition(parts)
 
 
@@ -317,11 +318,14 @@ class Stored:
 
 def _frame(spark, ddl: str, src: pa.Table | Stored | None):
     """A DataFrame of `ddl` columns: from the store on the executors, or from a driver table."""
+    schema = _ddl_to_arrow(ddl)
     if isinstance(src, Stored):
-        return read_parquet_keys(spark, src.fs_options, src.bucket, [(src.key,)], _ddl_to_arrow(ddl), [])
+        return read_parquet_keys(spark, src.fs_options, src.bucket, [(src.key,)], schema, [])
     if src is None or src.num_rows == 0:
-        return spark.createDataFrame([], ddl)
-    return spark.createDataFrame(src.cast(_ddl_to_arrow(ddl)))
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return spark.createDataFrame([], from_arrow_schema(schema))  # typed here: a DDL is a round trip
+    return spark.createDataFrame(src.cast(schema))
 
 
 # ONE Spark job per epoch, as a rule: the events are read, de-duplicated, shuffled by key
@@ -462,15 +466,9 @@ def _one_task(
     return spark.range(0, 1, 1, 1).mapInArrow(task, packed_type())
 
 
-def session_cores(spark) -> int:
-    """The cores the session's parallelism names (its shuffle partitions: the local cores by
-    default): what the only task of a job may use (`task_threads`), read on the driver."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions", "1"))
-
-
 def task_threads(cores: int) -> int:
     """The threads the only task of a job gives DuckDB, on its executor: `cores`
-    (`session_cores`) as far as the executor has them. A job of many tasks gives each one."""
+    (`sparkconf.session_cores`) as far as the executor has them. A job of many tasks gives each one."""
     import os
 
     return max(1, min(cores, len(os.sched_getaffinity(0))))
@@ -504,7 +502,7 @@ def _bucketed(spark, F, spec: Pipeline, events_df, state, ids, w_prev: int, w_ne
 
     # Spark shuffles events and carried rows by key bucket; each bucket's windows are computed
     # by DuckDB in one Python worker (bucketkernel), and come back as Arrow IPC rows.
-    buckets = 4 * int(spark.conf.get("spark.sql.shuffle.partitions", "2"))
+    buckets = 4 * session_cores(spark)
     side = _side(spark, F, spec, state, seen).withColumn("_b", _bucket(F, "key", buckets))
 
     share = handover.share(buckets) if handover is not None else None

@@ -1,7 +1,8 @@
 """Spark settings read from the environment and checked, shared by the session factory
 (sparksession.py) and the embedded Spark Connect server (sparkserver.py), so that neither
 imports the other for them: sparksession uses sparkserver (to find the embedded server),
-sparkserver uses only this module.
+sparkserver uses only this module. `session_cores` reads back, from a session, the parallelism
+these settings gave it: the one place jobs size their tasks and key buckets from.
 
 Standard library only (and errors.py): `sparksession.spark_target` runs on every session a
 run builds, and the CLI imports the server module to start and stop it.
@@ -58,6 +59,14 @@ def local_cores(master: str) -> int | None:
     if m:
         return int(m.group(1))
     return 1 if master == "local" else None
+
+
+def session_cores(spark) -> int:
+    """The cores a session's parallelism names: its shuffle partitions, which every session Wire
+    makes or attaches to sets (`local_cores`, the embedded server's, or WIRE_SPARK_SHUFFLE_PARTITIONS).
+    Jobs size their tasks and key buckets by it, and the only task of a job uses that many
+    threads (`kernel.task_threads`). Read on the driver: on Spark Connect, a round trip."""
+    return max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "1")))
 
 
 def driver_host(master: str) -> str | None:

@@ -55,6 +55,7 @@ from .sparkconf import (
     env_value,
     java_problem,
     local_cores,
+    session_cores,
     with_java_tmpdir,
 )
 
@@ -235,10 +236,10 @@ def preload_client(master: str | None = None, remote: str | None = None) -> thre
 
 
 def warm_workers(spark) -> None:
-    """One task per core (the session's shuffle partitions) that starts a Python worker, if the
-    session's pool has none idle, and imports the kernel's modules in it; the kernel's next tasks
-    then reuse the workers (`spark.python.worker.reuse`). ~0.1 s on the server where they are warm already."""
-    n = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "1")))
+    """One task per core (`session_cores`) that starts a Python worker, if the session's pool has
+    none idle, and imports the kernel's modules in it; the kernel's next tasks then reuse the
+    workers (`spark.python.worker.reuse`). ~0.1 s on the server where they are warm already."""
+    n = session_cores(spark)
     spark.range(0, n, 1, n).mapInArrow(_warm_task, "ready BOOLEAN").collect()
 
 

@@ -62,10 +62,11 @@ def local_cores(master: str) -> int | None:
 
 
 def session_cores(spark) -> int:
-    """The cores a session's parallelism names: its shuffle partitions, which every session Wire
-    makes or attaches to sets (`local_cores`, the embedded server's, or WIRE_SPARK_SHUFFLE_PARTITIONS).
-    Jobs size their tasks and key buckets by it, and the only task of a job uses that many
-    threads (`kernel.task_threads`). Read on the driver: on Spark Connect, a round trip."""
+    """The cores a session's parallelism names: its shuffle partitions (the local cores or
+    WIRE_SPARK_SHUFFLE_PARTITIONS in a session Wire starts or its embedded server runs; a server's
+    own setting, Spark's 200 unless set, in one Wire attaches to). Jobs size their tasks and key
+    buckets by it, and the only task of a job uses that many threads as far as its executor has
+    them (`kernel.task_threads`). Read on the driver: on Spark Connect, a round trip."""
     return max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "1")))
 
 

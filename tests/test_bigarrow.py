@@ -87,3 +87,25 @@ def test_an_output_partition_is_merged_through_sorted_rows(monkeypatch) -> None:
     got = merge_output(rows([5, 1, 3]), rows([4, 0, 2]))
     assert got.schema == OUTPUT_SCHEMA and got["record"].num_chunks > 1
     assert got["id"].to_pylist() == ["i0", "i3", "i1", "i4", "i2", "i5"]
+
+
+def test_gather_takes_any_positions_and_hands_whole_chunks_back_uncopied(monkeypatch) -> None:
+    """`gather` against indexing the values laid end to end: ascending, unordered, repeated and no
+    positions, over chunks of `string` and `large_string`; a chunk every value of which is taken
+    (positions ascending) comes back as the same buffers; past the bound, chunks of `string`."""
+    a = pa.chunked_array([pa.array(["abc", None, "defgh"]), pa.array(["ij", "k"])])
+    b = pa.array(["0123456789012", "", "x"], pa.large_string())
+    flat = a.to_pylist() + b.to_pylist()
+    rng = np.random.default_rng(7)
+    cases = [list(range(8)), [0, 1, 2, 4, 7], [6, 0, 3, 3, 5], [], [2], list(rng.permutation(8))]
+    cases += [sorted(rng.choice(8, 5, replace=False).tolist()) for _ in range(5)]
+    for ix in cases:
+        got = ba.gather([a, b], pa.array(ix, pa.int64()), pa.string())
+        assert got.type == pa.string() and got.to_pylist() == [flat[i] for i in ix], ix
+    whole = ba.gather([a, b], np.array([0, 1, 2, 4]), pa.string())
+    assert whole.chunks[0].buffers()[2].address == a.chunks[0].buffers()[2].address
+    monkeypatch.setattr(ba, "ONE_ARRAY_BYTES", 10)
+    monkeypatch.setattr(ba, "CHUNK_BYTES", 10)
+    got = ba.gather([a, b], np.array([7, 5, 0, 2]), pa.string())
+    assert got.type == pa.string() and got.to_pylist() == ["x", "0123456789012", "abc", "defgh"]
+    assert all(c.nbytes < 40 for c in got.chunks)

@@ -55,7 +55,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from .bigarrow import in_chunks, one_array
+    from .bigarrow import gather
     from .bucketkernel import _lit
     from .computation import Item, KeyState
     from .computestage import (
@@ -99,10 +99,9 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
                 mem["id"].append(rid)
                 mem["expires"].append(exp)
     n_before = len(buf["t"])
-    # the texts stay in Arrow: DuckDB moves each record's place `ix` in them (good's, then buf's)
-    # one array, not chunks: a take from a chunked array gathers 20x slower (0.36 s against 0.02 s
-    # for 920,000 texts in 20 chunks, indices ascending)
-    texts = one_array([good[JSON], pa.array(buf.pop("j"), pa.string())], pa.string())  # past 2 GB: large_string
+    # the texts stay in Arrow: DuckDB moves each record's place `ix` in them (good's, then buf's),
+    # and `gather` takes them back chunk by chunk (usually every record: good's chunks as they are)
+    texts = [good[JSON], pa.array(buf.pop("j"), pa.string())]
     buf["ix"] = list(range(good.num_rows, good.num_rows + n_before))
     types = {"t": pa.int64(), "seq": pa.int64(), "row": pa.int64(), "expires": pa.int64(), "ix": pa.int64()}
     con = duckdb.connect(config={"threads": threads})  # the only task of a job: its cores (run_bucket)
@@ -131,8 +130,8 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
             SELECT t, k, seg, seq, row, ix, oid FROM f WHERE NOT dup AND NOT late
             UNION ALL SELECT t, k, seg, seq, row, ix, oid FROM buf""")
         # produced: each delivered record, at its time, under its key, its id that of `ctx.produce`
-        # (no ORDER BY ix, 0.18 s: DuckDB keeps a scan's order, preserve_insertion_order, so the
-        # texts are gathered in ascending order all the same; merge_output sorts the rows)
+        # (no ORDER BY ix, 0.18 s: DuckDB keeps a scan's order, preserve_insertion_order, so
+        # `gather` finds `ix` ascending all the same; merge_output sorts the rows)
         origin = "CASE WHEN oid = '' THEN 'r:' || seg || '/' || seq || '/' || row ELSE oid END"
         out_rows = con.sql(f"""
             SELECT k, t, seg, seq, row, ix, t < {w_prev} AS is_late, {_lit(comp.name + "|")} || {origin} || '|0' AS id
@@ -155,7 +154,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
             "window_start": out_rows["t"],
             "window_end": pc.add(out_rows["t"], 1),  # pyright: ignore[reportAttributeAccessIssue]
             "id": out_rows["id"],
-            "record": in_chunks(texts.take(out_rows["ix"]), pa.string()),
+            "record": gather(texts, out_rows["ix"], pa.string()),
         },
         schema=PRODUCED_SCHEMA,
     )
@@ -163,7 +162,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
     # carried: each key's waiting records (KeyState's own JSON), then its id memory
     new_carried: list[dict] = []
     w = waiting.to_pydict()
-    w["j"] = texts.take(waiting["ix"]).to_pylist()
+    w["j"] = gather(texts, waiting["ix"], pa.string()).to_pylist()
     by_key: dict = {}
     for i in range(waiting.num_rows):
         item = Item(w["t"][i], w["seg"][i], w["seq"][i], w["row"][i], loads(w["j"][i]), w["oid"][i])
@@ -182,7 +181,7 @@ def bucket(loaded, events, carried, w_prev: int, w_new: int, threads: int = 1) -
         for r in bad.select([ERR, SRC, TIME, SEG, SEQ, ROW]).to_pylist()
     ]  # fmt: skip
     a = aside.to_pydict()
-    a["j"] = texts.take(aside["ix"]).to_pylist()
+    a["j"] = gather(texts, aside["ix"], pa.string()).to_pylist()
     for i in range(aside.num_rows):
         why = "duplicate" if a["dup"][i] else "late"
         dead.append(

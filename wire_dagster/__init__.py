@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .arrowmemory import use_jemalloc
+
+use_jemalloc()  # before any large column: arrowmemory.py
+
 if TYPE_CHECKING:
     from .streams import ProduceReport
 

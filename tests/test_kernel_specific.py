@@ -448,3 +448,18 @@ def test_the_kernels_spark_types_are_made_without_asking_spark_again(spark, monk
     window = f"key STRING, start BIGINT, `end` BIGINT, n_{uuid.uuid4().hex} BIGINT"  # never parsed before
     first, again = kernel._ddl_to_arrow(window), kernel._ddl_to_arrow(window)
     assert first == again and first.names[:3] == ["key", "start", "end"] and parsed == [window]
+
+
+def test_warming_the_workers_parses_no_spark_type(spark, monkeypatch) -> None:
+    """`sparksession.warm_workers` runs one task per core with a type made locally: a DDL string
+    would be parsed by Spark (on Spark Connect, a round trip to the server)."""
+    from pyspark.sql import udf
+
+    from wire_dagster.sparksession import warm_workers
+
+    parsed = []
+    # where a classic session's `mapInArrow` parses its type (PySpark's, not exported)
+    real = udf._parse_datatype_string  # pyright: ignore[reportPrivateImportUsage]
+    monkeypatch.setattr(udf, "_parse_datatype_string", lambda s: parsed.append(s) or real(s))
+    warm_workers(spark)
+    assert parsed == []

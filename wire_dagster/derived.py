@@ -426,6 +426,8 @@ def _compute(
     as numbers by earlier epochs, then every task's of this one): a task whose records of a field
     are all text where the join needs a number (`JoinTypeError`) is run again with the types the
     other tasks found; only a field no record ever held a number for is the one-line error."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
     from .bucketkernel import SEG, SEQ, bucket_epoch, pack, packed_type, side_table
     from .events import ERR, FILTERED, KEY, ROW, TIME, chunk_schema
     from .expand import is_generated
@@ -536,7 +538,9 @@ def _compute(
         if which == list(range(len(blocks))):
             ids = spark.range(0, len(blocks), 1, len(blocks))
         else:
-            ids = spark.createDataFrame([(i,) for i in which], "id long").repartition(len(which))
+            # the type made here, as every Spark type of Wire's (a DDL string: a round trip on Connect)
+            ids = spark.createDataFrame([(i,) for i in which], StructType([StructField("id", LongType())]))
+            ids = ids.repartition(len(which))
         return unpacked(store, ids.mapInArrow(task, packed_type()).toArrow())[0]
 
     tables = run(list(range(len(blocks))))

@@ -239,8 +239,10 @@ def warm_workers(spark) -> None:
     """One task per core (`session_cores`) that starts a Python worker, if the session's pool has
     none idle, and imports the kernel's modules in it; the kernel's next tasks then reuse the
     workers (`spark.python.worker.reuse`). ~0.1 s on the server where they are warm already."""
-    n = session_cores(spark)
-    spark.range(0, n, 1, n).mapInArrow(_warm_task, "ready BOOLEAN").collect()
+    from pyspark.sql.types import BooleanType, StructField, StructType
+
+    n = session_cores(spark)  # the type made here: a DDL string is a round trip on Spark Connect
+    spark.range(0, n, 1, n).mapInArrow(_warm_task, StructType([StructField("ready", BooleanType())])).collect()
 
 
 def _warm_task(batches):

@@ -249,6 +249,25 @@ def test_watermark_chart_is_redrawn_only_when_the_committed_epochs_change(store:
     assert not list(path.parent.glob(".*.tmp"))
 
 
+def test_charts_drawn_side_by_side_equal_one_drawn_alone_without_pyplot(
+    store: ObjectStore, spec, tmp_path, monkeypatch
+) -> None:
+    """The chart is a Figure of its own, never pyplot's (whose global figures and backend are the
+    user's process's, and not for threads): with pyplot's import made to fail it is drawn, and
+    eight drawn on four threads at once are byte for byte the one drawn alone."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from wire_dagster.status import plot_watermarks
+
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)  # `import matplotlib.pyplot` fails
+    hand_epoch(Checkpoints(store, spec.name), spec, 1, "run-a", {P0: [("k", P0, 1)], P1: [("k", P1, 2)]})
+    alone = plot_watermarks(store, spec, tmp_path / "alone.png").read_bytes()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        drawn = list(pool.map(lambda i: plot_watermarks(store, spec, tmp_path / f"t{i}.png").read_bytes(), range(8)))
+    assert alone.startswith(b"\x89PNG") and all(d == alone for d in drawn)
+
+
 def test_published_copies_are_checked_from_one_listing(store: ObjectStore, spec, monkeypatch) -> None:
     """A run checks every published copy against the committed manifest; an unchanged copy is
     recognised by its ETag (the MD5 the manifest recorded) without reading it back."""

@@ -352,12 +352,10 @@ def _lag_unit(max_ms: float) -> tuple[str, float]:
 
 
 def _import_chart_modules() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    import matplotlib.backends.backend_agg
     import matplotlib.dates
-    import matplotlib.pyplot
-    import matplotlib.ticker
+    import matplotlib.figure
+    import matplotlib.ticker  # noqa: F401
 
 
 def preload_chart_modules() -> threading.Thread:
@@ -395,15 +393,19 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool 
         return path
 
     _import_chart_modules()
+    import matplotlib
     import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     data = chart_series(spec, watermark_history(store, spec))
     epochs = data["epochs"]
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(8, 5.4), dpi=100, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
-    )
+    # A Figure of its own, not pyplot's: no global figure registry, so charts may be drawn on
+    # several threads at once, and nothing to close.
+    fig = Figure(figsize=(8, 5.4), dpi=100)
+    FigureCanvasAgg(fig)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
 
     base = float(mdates.date2num(datetime(1970, 1, 1, tzinfo=UTC)))
 
@@ -411,7 +413,7 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool 
         """Event times as Matplotlib dates (days), NaN (a gap in the line) where undefined."""
         return [base + t / 86_400_000 if t is not None else float("nan") for t in ts]
 
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     lags = [x for s in data["streams"].values() for x in s["lag"] if x is not None]
     unit, per = _lag_unit(max(lags, default=0))
     times = []
@@ -489,11 +491,8 @@ def plot_watermarks(store: ObjectStore, spec: Pipeline, path: Path, reuse: bool 
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)  # the assets' chart directory; `wire status --plot` checked its own
-    try:
-        with written_atomically(path) as tmp:
-            fig.savefig(tmp, format="png", metadata={"wire-key": key})
-    finally:
-        plt.close(fig)
+    with written_atomically(path) as tmp:
+        fig.savefig(tmp, format="png", metadata={"wire-key": key})
     return path
 
 

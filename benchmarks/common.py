@@ -674,8 +674,17 @@ def git(*args: str) -> str | None:
         return None
 
 
-#: The tree's code: what a measured run imports.
-CODE = ("wire_dagster", "assets", "sensors", "resources", "definitions.py", "benchmarks")
+#: The tree's code: what a measured run imports (the benchmarks' own reports are not code: a run
+#: writes one into the tree, and the next benchmark in the same clone must not count it).
+CODE = (
+    "wire_dagster",
+    "assets",
+    "sensors",
+    "resources",
+    "definitions.py",
+    "benchmarks",
+    ":(exclude)benchmarks/results",
+)
 
 
 def git_commit() -> str:

@@ -66,7 +66,7 @@ def gather(
     if ix.size > 1 and not (ix[1:] > ix[:-1]).all():
         order = np.argsort(ix, kind="stable")
         ix = ix[order]
-    unique = ix.size < 2 or bool((ix[1:] > ix[:-1]).all())
+    unique = order is None or bool((ix[1:] > ix[:-1]).all())  # ascending as given: unique already
     picked, lo = [], 0
     for c in (c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])):
         hi = lo + len(c)

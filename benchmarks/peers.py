@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -194,6 +195,8 @@ def spark_process(master: str, app: str, run: Callable[[Any, str], dict], first:
     session (unless the first was refused); prints the figures as one JSON line."""
     from wire_dagster.sparksession import get_spark
 
+    # Spark as it ships: without the class archive Wire's own JVMs map (wire_dagster/jvmarchive.py).
+    os.environ["WIRE_SPARK_CDS"] = "false"
     t0 = time.perf_counter()
     spark = get_spark(master=master, app=app)
     spark.range(1).count()

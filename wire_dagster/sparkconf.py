@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from .errors import WireInputError
@@ -21,12 +22,27 @@ from .errors import WireInputError
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
+def java_binary() -> str | None:
+    """The `java` Spark's launcher runs: JAVA_HOME's, else the one on PATH; None if there is none."""
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    return java if java and os.path.exists(java) else None
+
+
 def java_problem() -> str | None:
     """None if a Java 17+ runtime is on PATH (or JAVA_HOME), else how to install one."""
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
-    if not java or not os.path.exists(java):
+    if java_binary() is None:
         return "Java 17 is missing: install it with `sudo apt-get install -y openjdk-17-jre-headless`"
     return None
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the pyspark wheel (bin/spark-submit, jars/)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise WireInputError("embedded Spark: pyspark is not installed in this interpreter")
+    return Path(spec.origin).parent
 
 
 def env_value(name: str) -> str | None:

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import SparkServerError, WireInputError
+from .jvmarchive import launch_options
 from .procgroup import (
     GroupOwner,
     cmdline,
@@ -47,7 +48,7 @@ from .procgroup import (
     port_answers,
     port_free,
 )
-from .sparkconf import check_master, driver_host, env_value, java_problem, local_cores, with_java_tmpdir
+from .sparkconf import check_master, driver_host, env_value, java_problem, local_cores, spark_home
 from .sparkconf import driver_memory as default_driver_memory
 
 HOST = "127.0.0.1"
@@ -68,16 +69,6 @@ SPARK_CLIENT_ENV = (
 )
 #: Secrets the server never needs (runs pass the store's options with each query).
 _SECRETS = ("WIRE_S3_ACCESS_KEY", "WIRE_S3_SECRET_KEY")
-
-
-def spark_home() -> Path:
-    """The Spark distribution inside the pyspark wheel (bin/spark-submit, jars/)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        raise WireInputError("embedded Spark: pyspark is not installed in this interpreter")
-    return Path(spec.origin).parent
 
 
 def _clean_env() -> dict[str, str]:
@@ -302,7 +293,7 @@ class EmbeddedSpark(GroupOwner):
             settings["spark.executor.memory"] = _check_memory(executor_memory, "WIRE_SPARK_EXECUTOR_MEMORY")
         env = _clean_env()
         env.update(SPARK_HOME=str(home), PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, SPARK_CONNECT_MODE="0")
-        env["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(env.get("SPARK_SUBMIT_OPTS"), self.tmp_dir)
+        env["SPARK_SUBMIT_OPTS"] = launch_options(env.get("SPARK_SUBMIT_OPTS"), self.tmp_dir)
         host = driver_host(master)
         if host:
             settings["spark.driver.host"] = host

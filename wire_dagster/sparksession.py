@@ -19,6 +19,8 @@ bound to 127.0.0.1. On a cluster whose master is not on loopback the executors
 must reach the driver, so the driver's address is Spark's own choice (the
 host name, or SPARK_LOCAL_IP) unless `WIRE_SPARK_DRIVER_HOST` names it.
 
+Every JVM launched here maps the class archive `make setup` makes (jvmarchive.py).
+
 A Spark Connect server owns its cluster-side settings (Python executable of
 its workers, memory, cores): start it with `PYSPARK_PYTHON` pointing at an
 interpreter that has this package and pyarrow installed. The client sets only
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from .errors import WireInputError
+from .jvmarchive import launch_options
 from .sparkconf import (
     LOOPBACK,
     check_master,
@@ -56,10 +59,10 @@ from .sparkconf import (
     java_problem,
     local_cores,
     session_cores,
-    with_java_tmpdir,
 )
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
 
@@ -131,7 +134,32 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     problem = java_problem()
     if problem:
         raise WireInputError(problem)
-    master = url
+    opts, submit_opts = _local(url, app, cores)
+    saved = os.environ.get("SPARK_SUBMIT_OPTS")
+    os.environ["SPARK_SUBMIT_OPTS"] = submit_opts
+    try:
+        return _session_of(opts)
+    finally:
+        if saved is None:
+            os.environ.pop("SPARK_SUBMIT_OPTS", None)
+        else:
+            os.environ["SPARK_SUBMIT_OPTS"] = saved
+
+
+def _session_of(opts: dict[str, str]) -> SparkSession:
+    """`SparkSession.builder.getOrCreate()` with the options `opts`."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for k, v in opts.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def _local(master: str, app: str, cores: int | None) -> tuple[dict[str, str], str]:
+    """A classic session's configuration, and the SPARK_SUBMIT_OPTS its JVM is launched with (the
+    JVM's temporary directory and the class archive). The Python workers run this interpreter unless
+    PYSPARK_PYTHON says."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     n = cores or local_cores(master) or os.cpu_count() or 2
@@ -139,46 +167,38 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
     os.makedirs(tmp, exist_ok=True)
     own = _jvm_tmpdir(tmp)  # the driver's spill files and the JVM's temporary files, this process's only
     parts = env_value("WIRE_SPARK_SHUFFLE_PARTITIONS") or str(max(2, n))
-    b = (
-        SparkSession.builder.master(master)
-        .appName(app)
-        .config("spark.ui.enabled", env_value("WIRE_SPARK_UI") or "false")
-        .config("spark.sql.shuffle.partitions", parts)
-        .config("spark.default.parallelism", parts)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.adaptive.enabled", "true")
-        .config("spark.local.dir", own)
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", driver_memory())
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.log.level", "WARN")
-    )
+    opts = {
+        "spark.master": master,
+        "spark.app.name": app,
+        "spark.ui.enabled": env_value("WIRE_SPARK_UI") or "false",
+        "spark.sql.shuffle.partitions": parts,
+        "spark.default.parallelism": parts,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.local.dir": own,
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        "spark.executorEnv.PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+        "spark.python.worker.reuse": "true",
+        "spark.driver.memory": driver_memory(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "WARN",
+    }
     host = driver_host(master)
     if host:
-        b = b.config("spark.driver.host", host)
+        opts["spark.driver.host"] = host
         if host in LOOPBACK or host.startswith("127."):
-            b = b.config("spark.driver.bindAddress", host)
+            opts["spark.driver.bindAddress"] = host
     mem = env_value("WIRE_SPARK_EXECUTOR_MEMORY")
     if mem:
-        b = b.config("spark.executor.memory", mem)
+        opts["spark.executor.memory"] = mem
     # The JVM's temporary files go to that directory too, removed at this process's exit: a classic
     # session ended by stop() leaves its artifacts-<uuid> directory in java.io.tmpdir behind (PySpark 4.3;
     # one per Spark SS run of the benchmarks), the JVM extracts native libraries there, and a `wire tick`
     # left its spark-* and blockmgr-* directories in a shared spark.local.dir every time. Given
     # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
     # -Djava.io.tmpdir of the user's own still wins.
-    saved = os.environ.get("SPARK_SUBMIT_OPTS")
-    os.environ["SPARK_SUBMIT_OPTS"] = with_java_tmpdir(saved, own)
-    try:
-        return b.getOrCreate()
-    finally:
-        if saved is None:
-            os.environ.pop("SPARK_SUBMIT_OPTS", None)
-        else:
-            os.environ["SPARK_SUBMIT_OPTS"] = saved
+    return opts, launch_options(os.environ.get("SPARK_SUBMIT_OPTS"), own)
 
 
 def _jvm_tmpdir(root: str) -> str:

@@ -1,0 +1,112 @@
+"""The class archive every JVM Wire launches maps (wire_dagster/jvmarchive.py): named by the Java
+runtime and the jars, mapped by local sessions and the embedded server (`-Xshare:on`: a JVM that
+cannot map its archives does not start), left out with WIRE_SPARK_CDS=false; a damaged archive
+only costs time, and a failed attempt to make one is one line, with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from wire_dagster import jvmarchive
+
+#: What a script prints of the local session get_spark gives it.
+SESSION_FACTS = """
+import json, wire_dagster.sparksession as ss
+s = ss.get_spark()
+jvm = s.sparkContext._jvm
+facts = {
+    "count": s.range(5).count(),
+    "args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()),
+}
+print("FACTS " + json.dumps(facts))
+"""
+
+
+def _local_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, WIRE_SPARK_MASTER="local[2]", **extra)
+    for k in ("WIRE_SPARK_REMOTE", "WIRE_SPARK_CDS"):
+        env.pop(k, None)
+    return env
+
+
+def _facts(code: str, env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("FACTS "))
+    return json.loads(line.removeprefix("FACTS "))
+
+
+def test_a_local_session_maps_the_archive() -> None:
+    archive = jvmarchive.archive_path()
+    assert archive is not None
+    if not archive.is_file():  # `make setup` made it; a bare checkout makes it here (~20 s)
+        assert jvmarchive.make()[0] == archive
+    facts = _facts(SESSION_FACTS, _local_env(SPARK_SUBMIT_OPTS="-Xshare:on"))
+    # Started with -Xshare:on, so the archive named was mapped (else the JVM would not have started).
+    assert f"-XX:SharedArchiveFile={archive}" in facts["args"], facts["args"]
+    assert facts["count"] == 5
+
+
+def test_the_archive_is_named_by_java_and_the_jars(monkeypatch, tmp_path: Path) -> None:
+    jars = tmp_path / "spark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "a.jar").write_bytes(b"a")
+    monkeypatch.setattr(jvmarchive, "spark_home", lambda: tmp_path / "spark")
+    first = jvmarchive.archive_path()
+    assert first is not None and first.name.startswith("spark-") and first.suffix == ".jsa"
+    assert first.parent == Path(sys.prefix) / "share" / "wire"
+    assert jvmarchive.archive_path() == first
+    (jars / "a.jar").write_bytes(b"ab")  # an upgraded jar: another archive
+    assert jvmarchive.archive_path() != first
+    monkeypatch.setattr(jvmarchive, "java_binary", lambda: None)
+    assert jvmarchive.archive_path() is None
+
+
+def test_the_archive_is_mapped_unless_turned_off(monkeypatch, tmp_path: Path) -> None:
+    archive = tmp_path / "spark-x.jsa"
+    monkeypatch.setattr(jvmarchive, "archive_path", lambda: archive)
+    monkeypatch.delenv("WIRE_SPARK_CDS", raising=False)
+    assert "SharedArchiveFile" not in jvmarchive.launch_options("-Dx=1", tmp_path)  # none made yet
+    archive.write_bytes(b"archive")
+    opts = jvmarchive.launch_options("-Dx=1", tmp_path / "t")
+    assert opts == f'-Dx=1 -Djava.io.tmpdir="{tmp_path / "t"}" -XX:SharedArchiveFile="{archive}"'
+    monkeypatch.setenv("WIRE_SPARK_CDS", "false")
+    assert "SharedArchiveFile" not in jvmarchive.launch_options(None, tmp_path)
+    assert jvmarchive.make() == (None, "WIRE_SPARK_CDS=false: no class archive")
+
+
+def test_a_damaged_archive_only_costs_time(tmp_path: Path) -> None:
+    """A JVM that cannot use the archive (a damaged file, another Java) starts without it."""
+    junk = tmp_path / "spark-junk.jsa"
+    junk.write_bytes(b"not an archive" * 100)
+    code = (
+        "from pathlib import Path\nimport wire_dagster.jvmarchive as j\n"
+        f"j.archive_path = lambda: Path({str(junk)!r})\n" + SESSION_FACTS
+    )
+    facts = _facts(code, _local_env())
+    assert f"-XX:SharedArchiveFile={junk}" in facts["args"] and facts["count"] == 5
+
+
+def test_a_failed_archive_run_is_one_line_and_leaves_nothing(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(jvmarchive, "archive_path", lambda: tmp_path / "share" / "spark-k.jsa")
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-Xmxabc")  # the JVM cannot start
+    monkeypatch.delenv("WIRE_SPARK_CDS", raising=False)
+    path, said = jvmarchive.make(timeout=120)
+    assert path is None
+    assert said.startswith("no Spark class archive: its run failed (") and "\n" not in said, said
+    assert sorted(p.name for p in (tmp_path / "share").iterdir()) == []  # no partial archive
+
+
+def test_the_embedded_server_maps_the_archive_too(monkeypatch, tmp_path: Path) -> None:
+    from wire_dagster.sparkserver import EmbeddedSpark
+
+    archive = tmp_path / "spark-x.jsa"
+    archive.write_bytes(b"archive")
+    monkeypatch.setattr(jvmarchive, "archive_path", lambda: archive)
+    monkeypatch.delenv("WIRE_SPARK_CDS", raising=False)
+    _cmd, env = EmbeddedSpark(tmp_path / "spark")._command("local[2]", "1g", 15999, {})
+    assert env["SPARK_SUBMIT_OPTS"].endswith(f'-XX:SharedArchiveFile="{archive}"'), env["SPARK_SUBMIT_OPTS"]

@@ -123,6 +123,14 @@ def _check_output(path: Path | None, flag: str) -> None:
         raise WireInputError(f"{flag}: directory {parent} is not writable")
 
 
+def _spark_ahead(app: str = "wire-dagster") -> None:
+    """A local Spark session started now, for a command whose runs need one after its imports and
+    Dagster's work (sparksession.start_ahead)."""
+    from .sparksession import start_ahead
+
+    start_ahead(app)
+
+
 def _store():
     from .embedded import default_store
 
@@ -271,6 +279,7 @@ def process(
     from .timeutil import iso
 
     spec = _spec(pipeline)
+    _spark_ahead(app="wire")
     store = _store()
     res = do_process(store, spec, max_epochs=max_epochs, progress=lambda m: err.print(m) if err.is_terminal else None)
     m = res.manifest
@@ -313,11 +322,18 @@ def tick(
     A failed run stops the tick with one line naming its cause (-v: Dagster's report). A stage with
     raw inputs ticks the pipelines generated for them first; `--upstream` ticks its whole upstream
     graph first, in one process (one Python start, one Spark session for them all)."""
+    from . import idleticks
+
     spec = _spec(pipeline)
+    chain = _chain(spec, upstream)
+    if not idleticks.all_idle(s.name for s in chain):  # a quiet pipeline's tick starts no JVM for nothing
+        _spark_ahead()
     _store()
     runs: list[dict] = []
-    for each in _chain(spec, upstream):
-        runs += _tick(each)
+    for each in chain:
+        done = _tick(each)
+        idleticks.remember(each.name, idle=not done)
+        runs += done
         if any(r["status"] != "SUCCESS" for r in runs):
             break
     if not runs:
@@ -419,6 +435,7 @@ def backfill(
     if lo is not None and hi is not None and lo > hi:
         raise WireInputError(f"--from {start} is after --to {end}")
     specs = _chain(spec, upstream=False)  # a file's generated pipelines too (expand.py)
+    _spark_ahead()
     store = _store()
     for each, parts in _backfill_ranges(store, specs, lo, hi):
         res = _backfill(each, parts)

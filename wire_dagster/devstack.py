@@ -83,10 +83,15 @@ def instance_yaml(home: Path, storage: dict | None = None) -> str:
     return INSTANCE_YAML + EVENT_LOG_YAML.format(base_dir=json.dumps(str(Path(home).resolve() / "history" / "runs")))
 
 
+def dagster_home() -> Path:
+    """DAGSTER_HOME, else `<WIRE_HOME>/dagster` (not created)."""
+    return Path(os.environ.get("DAGSTER_HOME") or default_home() / "dagster").resolve()
+
+
 def ensure_dagster_home(path: Path | None = None, storage: dict | None = None) -> Path:
     """DAGSTER_HOME (or `path`, else `<WIRE_HOME>/dagster`), created with Wire's instance config
     (`storage`: see instance_yaml)."""
-    d = Path(path or os.environ.get("DAGSTER_HOME") or default_home() / "dagster").resolve()
+    d = Path(path).resolve() if path else dagster_home()
     d.mkdir(parents=True, exist_ok=True)
     cfg = d / "dagster.yaml"
     if not cfg.exists():

@@ -19,7 +19,10 @@ bound to 127.0.0.1. On a cluster whose master is not on loopback the executors
 must reach the driver, so the driver's address is Spark's own choice (the
 host name, or SPARK_LOCAL_IP) unless `WIRE_SPARK_DRIVER_HOST` names it.
 
-Every JVM launched here maps the class archive `make setup` makes (jvmarchive.py).
+A command that will need a local session after other work (`wire tick`, `wire process`, `wire
+backfill`) calls `start_ahead` first: its JVM is launched at once and the rest built meanwhile
+(jvmlaunch.py); `get_spark` then hands that session out. Every JVM launched here maps the class
+archive `make setup` makes (jvmarchive.py).
 
 A Spark Connect server owns its cluster-side settings (Python executable of
 its workers, memory, cores): start it with `PYSPARK_PYTHON` pointing at an
@@ -64,6 +67,8 @@ from .sparkconf import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    from .jvmlaunch import Ahead
 
 
 def spark_target(master: str | None = None, remote: str | None = None) -> tuple[str, str]:
@@ -128,6 +133,8 @@ def get_spark(master: str | None = None, remote: str | None = None, app: str = "
                 s.release_session_on_close = False  # a stop() in one run must not close the others' session
                 return s
         return _remote(url, app)
+    if _AHEAD is not None:
+        return _AHEAD.session()
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -199,6 +206,47 @@ def _local(master: str, app: str, cores: int | None) -> tuple[dict[str, str], st
     # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
     # -Djava.io.tmpdir of the user's own still wins.
     return opts, launch_options(os.environ.get("SPARK_SUBMIT_OPTS"), own)
+
+
+_AHEAD: Ahead[SparkSession] | None = None
+
+
+def start_ahead(app: str = "wire-dagster") -> None:
+    """Start the local session `get_spark()` will hand out now, for a command that has other work
+    first (`wire tick`, `wire process`, `wire backfill`): its JVM is launched from this thread at
+    once, the rest is built meanwhile (jvmlaunch.py). Only from the main thread, before any other
+    thread forks; nothing when the target is a Spark Connect server or a session exists already.
+    `stop_ahead()` ends it if it was never handed out."""
+    global _AHEAD
+    if _AHEAD is not None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        kind, url, _embedded = _resolve(None, None)
+    except WireInputError:
+        return  # get_spark reports the bad setting when it is called
+    if kind != "master" or java_problem():
+        return
+    # Imported here, before the helper thread and the others run: PySpark's modules import one
+    # another in cycles, and two threads importing them at once can get one half-initialised
+    # ("cannot import name 'SQLContext' from partially initialized module 'pyspark.sql'"). ~0.06 s.
+    import py4j.clientserver  # noqa: F401
+    import pyspark.conf
+    import pyspark.sql  # noqa: F401
+    from pyspark.core.context import SparkContext
+
+    from .jvmlaunch import Ahead
+
+    if SparkContext._active_spark_context is not None:
+        return
+    opts, submit_opts = _local(url, app, None)
+    _AHEAD = Ahead(opts, {**os.environ, "SPARK_SUBMIT_OPTS": submit_opts}, lambda: _session_of(opts), warm_workers)
+    atexit.register(stop_ahead)
+
+
+def stop_ahead() -> None:
+    """End the session started ahead if nothing took it."""
+    if _AHEAD is not None:
+        _AHEAD.stop()
 
 
 def _jvm_tmpdir(root: str) -> str:

@@ -5,47 +5,16 @@ only costs time, and a failed attempt to make one is one line, with nothing half
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from local_session import SESSION_FACTS, local_env, made_archive, session_facts
 from wire_dagster import jvmarchive
-
-#: What a script prints of the local session get_spark gives it.
-SESSION_FACTS = """
-import json, wire_dagster.sparksession as ss
-s = ss.get_spark()
-jvm = s.sparkContext._jvm
-facts = {
-    "count": s.range(5).count(),
-    "args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()),
-}
-print("FACTS " + json.dumps(facts))
-"""
-
-
-def _local_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, WIRE_SPARK_MASTER="local[2]", **extra)
-    for k in ("WIRE_SPARK_REMOTE", "WIRE_SPARK_CDS"):
-        env.pop(k, None)
-    return env
-
-
-def _facts(code: str, env: dict[str, str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("FACTS "))
-    return json.loads(line.removeprefix("FACTS "))
 
 
 def test_a_local_session_maps_the_archive() -> None:
-    archive = jvmarchive.archive_path()
-    assert archive is not None
-    if not archive.is_file():  # `make setup` made it; a bare checkout makes it here (~20 s)
-        assert jvmarchive.make()[0] == archive
-    facts = _facts(SESSION_FACTS, _local_env(SPARK_SUBMIT_OPTS="-Xshare:on"))
+    archive = made_archive()
+    facts = session_facts(SESSION_FACTS, local_env(SPARK_SUBMIT_OPTS="-Xshare:on"))
     # Started with -Xshare:on, so the archive named was mapped (else the JVM would not have started).
     assert f"-XX:SharedArchiveFile={archive}" in facts["args"], facts["args"]
     assert facts["count"] == 5
@@ -87,7 +56,7 @@ def test_a_damaged_archive_only_costs_time(tmp_path: Path) -> None:
         "from pathlib import Path\nimport wire_dagster.jvmarchive as j\n"
         f"j.archive_path = lambda: Path({str(junk)!r})\n" + SESSION_FACTS
     )
-    facts = _facts(code, _local_env())
+    facts = session_facts(code, local_env())
     assert f"-XX:SharedArchiveFile={junk}" in facts["args"] and facts["count"] == 5
 
 

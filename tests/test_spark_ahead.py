@@ -14,12 +14,10 @@ process). What must hold:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,51 +25,15 @@ import pytest
 
 from cli_setup import local_spark, pipeline_env
 from commit_scenario import assert_results, seeds
+from local_session import SESSION_FACTS, local_env, made_archive, python, session_facts
 from test_tick_kill import PIPELINE, expected, finish, launched, new_home, produce_closed, start_tick
-from wire_dagster import jvmarchive
 from wire_dagster.procgroup import group_members, wait_until
-
-#: What a script prints of the session get_spark handed out after start_ahead.
-SESSION_FACTS = """
-import json, wire_dagster.sparksession as ss
-s = ss.get_spark()
-jvm = s.sparkContext._jvm
-facts = {
-    "app": s.sparkContext.appName,
-    "jvm_pid": jvm.java.lang.ProcessHandle.current().pid(),
-    "ahead_pid": ss._AHEAD.proc.pid if ss._AHEAD is not None else None,
-    "count": s.range(5).count(),
-    "same": ss.get_spark() is s,
-    "args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()),
-}
-print("FACTS " + json.dumps(facts))
-"""
-
-
-def _local_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, WIRE_SPARK_MASTER="local[2]", **extra)
-    env.pop("WIRE_SPARK_REMOTE", None)
-    return env
-
-
-def _python(code: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _facts(out: str) -> dict:
-    line = next(x for x in out.splitlines() if x.startswith("FACTS "))
-    return json.loads(line.removeprefix("FACTS "))
 
 
 def test_the_session_started_ahead_is_the_one_get_spark_hands_out() -> None:
-    archive = jvmarchive.archive_path()
-    assert archive is not None
-    if not archive.is_file():  # `make setup` made it; a bare checkout makes it here (~20 s)
-        assert jvmarchive.make()[0] == archive
+    archive = made_archive()
     code = "import wire_dagster.sparksession as ss; ss.start_ahead('wire-ahead-test')\n" + SESSION_FACTS
-    done = _python(code, _local_env(SPARK_SUBMIT_OPTS="-Xshare:on"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    facts = _facts(done.stdout)
+    facts = session_facts(code, local_env(SPARK_SUBMIT_OPTS="-Xshare:on"))
     # The app name start_ahead was given, not get_spark's default ("wire"): the session is that one,
     # in the JVM it launched (spark-submit execs the JVM: one pid).
     assert facts["app"] == "wire-ahead-test"
@@ -97,7 +59,7 @@ ss._AHEAD._thread.join()  # built and warm: a session nobody took
 ss.stop_ahead()
 print("stopped:", proc.returncode)
 """
-    done = _python(code, _local_env())
+    done = python(code, local_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert "off the main thread: None" in done.stdout
     assert "remote: None" in done.stdout
@@ -116,9 +78,9 @@ except Exception as e:
 if AHEAD:
     print("JVM ended:", ss._AHEAD.proc.poll() is not None)
 """
-    env = _local_env(WIRE_SPARK_DRIVER_MEMORY="abc")  # -Xmxabc: the JVM cannot start
-    usual = _python("AHEAD = False\n" + code, env)
-    ahead = _python("AHEAD = True\n" + code, env)
+    env = local_env(WIRE_SPARK_DRIVER_MEMORY="abc")  # -Xmxabc: the JVM cannot start
+    usual = python("AHEAD = False\n" + code, env)
+    ahead = python("AHEAD = True\n" + code, env)
     error = [x for x in usual.stdout.splitlines() if x.startswith("ERROR")]
     assert error and "JAVA_GATEWAY_EXITED" in error[0], usual.stdout + usual.stderr[-2000:]
     assert [x for x in ahead.stdout.splitlines() if x.startswith("ERROR")] == error, ahead.stdout

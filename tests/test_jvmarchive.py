@@ -79,3 +79,21 @@ def test_the_embedded_server_maps_the_archive_too(monkeypatch, tmp_path: Path) -
     monkeypatch.delenv("WIRE_SPARK_CDS", raising=False)
     _cmd, env = EmbeddedSpark(tmp_path / "spark")._command("local[2]", "1g", 15999, {})
     assert env["SPARK_SUBMIT_OPTS"].endswith(f'-XX:SharedArchiveFile="{archive}"'), env["SPARK_SUBMIT_OPTS"]
+
+
+def test_an_archive_run_that_takes_too_long_is_stopped_with_its_jvm(monkeypatch, tmp_path: Path) -> None:
+    """Stopped by its process group: its JVM cannot write the archive after `make` gave up."""
+    monkeypatch.setattr(jvmarchive, "archive_path", lambda: tmp_path / "share" / "spark-k.jsa")
+    monkeypatch.delenv("WIRE_SPARK_CDS", raising=False)
+    path, said = jvmarchive.make(timeout=3)  # its local session alone takes longer
+    assert (path, said) == (None, "no Spark class archive: its run took over 3 s")
+    assert sorted(p.name for p in (tmp_path / "share").iterdir()) == []
+    writers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(tmp_path).encode() in _cmdline(p)]
+    assert writers == [], "a JVM still due to write the archive"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .procgroup import kill_group
 from .sparkconf import env_value, java_binary, spark_home, with_java_tmpdir
 
 
@@ -81,19 +82,25 @@ def make(force: bool = False, timeout: float = 300) -> tuple[Path | None, str]:
     env = dict(os.environ, WIRE_SPARK_CDS="false")  # the run that makes it must not map an older one
     env.pop("WIRE_SPARK_REMOTE", None)
     env["SPARK_SUBMIT_OPTS"] = f'{env.get("SPARK_SUBMIT_OPTS", "")} -XX:ArchiveClassesAtExit="{tmp}"'.lstrip()
+    # Its own process group: a run that takes too long is stopped with its JVM, which would
+    # otherwise write the archive after this function has given up on it.
+    run = subprocess.Popen(
+        [sys.executable, "-m", "wire_dagster.jvmarchive", "--jobs"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "wire_dagster.jvmarchive", "--jobs"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if done.returncode != 0 or not os.path.isfile(tmp):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        out, _ = run.communicate(timeout=timeout)
+        if run.returncode != 0 or not os.path.isfile(tmp):
+            tail = out.strip().splitlines()[-1:] or [f"exit {run.returncode}"]
             return None, f"no Spark class archive: its run failed ({tail[0]})"
         os.replace(tmp, path)
     except subprocess.TimeoutExpired:
+        kill_group(run.pid, grace=5, reap=run.poll)
+        run.communicate()
         return None, f"no Spark class archive: its run took over {timeout:.0f} s"
     finally:
         if os.path.exists(tmp):

@@ -195,8 +195,10 @@ def spark_process(master: str, app: str, run: Callable[[Any, str], dict], first:
     session (unless the first was refused); prints the figures as one JSON line."""
     from wire_dagster.sparksession import get_spark
 
-    # Spark as it ships: without the class archive Wire's own JVMs map (wire_dagster/jvmarchive.py).
+    # Spark as it ships: without the class archive Wire's own JVMs map (wire_dagster/jvmarchive.py)
+    # and with the JVM's own compiler thresholds (sparkconf.LATE_C2).
     os.environ["WIRE_SPARK_CDS"] = "false"
+    os.environ["WIRE_SPARK_LATE_C2"] = "false"
     t0 = time.perf_counter()
     spark = get_spark(master=master, app=app)
     spark.range(1).count()

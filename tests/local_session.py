@@ -24,6 +24,9 @@ facts = {
     "count": s.range(5).count(),
     "same": ss.get_spark() is s,
     "args": list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()),
+    "tier4": jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    ).getVMOption("Tier4InvocationThreshold").getValue(),
 }
 print("FACTS " + json.dumps(facts))
 """
@@ -32,7 +35,7 @@ print("FACTS " + json.dumps(facts))
 def local_env(**extra: str) -> dict[str, str]:
     """This environment with the sessions local (`local[2]`) and the class archive on by default."""
     env = dict(os.environ, WIRE_SPARK_MASTER="local[2]", **extra)
-    for k in ("WIRE_SPARK_REMOTE", "WIRE_SPARK_CDS"):
+    for k in ("WIRE_SPARK_REMOTE", "WIRE_SPARK_CDS", "WIRE_SPARK_LATE_C2", "SPARK_SUBMIT_OPTS"):
         if k not in extra:
             env.pop(k, None)
     return env

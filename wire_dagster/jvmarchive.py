@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 from .procgroup import kill_group
-from .sparkconf import env_value, java_binary, spark_home, with_java_tmpdir
+from .sparkconf import env_switch, java_binary, spark_home, with_java_tmpdir
 
 
 def enabled() -> bool:
     """WIRE_SPARK_CDS (default true): whether the JVMs Wire launches map the archive."""
-    return (env_value("WIRE_SPARK_CDS") or "true").lower() not in ("false", "0", "no", "off")
+    return env_switch("WIRE_SPARK_CDS")
 
 
 def archive_path() -> Path | None:

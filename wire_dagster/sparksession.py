@@ -62,6 +62,7 @@ from .sparkconf import (
     java_problem,
     local_cores,
     session_cores,
+    with_late_c2,
 )
 
 if TYPE_CHECKING:
@@ -165,8 +166,8 @@ def _session_of(opts: dict[str, str]) -> SparkSession:
 
 def _local(master: str, app: str, cores: int | None) -> tuple[dict[str, str], str]:
     """A classic session's configuration, and the SPARK_SUBMIT_OPTS its JVM is launched with (the
-    JVM's temporary directory and the class archive). The Python workers run this interpreter unless
-    PYSPARK_PYTHON says."""
+    JVM's temporary directory, the class archive and C2 held back: sparkconf.LATE_C2). The Python
+    workers run this interpreter unless PYSPARK_PYTHON says."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     n = cores or local_cores(master) or os.cpu_count() or 2
@@ -205,7 +206,7 @@ def _local(master: str, app: str, cores: int | None) -> tuple[dict[str, str], st
     # left its spark-* and blockmgr-* directories in a shared spark.local.dir every time. Given
     # through SPARK_SUBMIT_OPTS, which the launcher puts before any spark.driver.*JavaOptions: a
     # -Djava.io.tmpdir of the user's own still wins.
-    return opts, launch_options(os.environ.get("SPARK_SUBMIT_OPTS"), own)
+    return opts, launch_options(with_late_c2(os.environ.get("SPARK_SUBMIT_OPTS")), own)
 
 
 _AHEAD: Ahead[SparkSession] | None = None

@@ -123,6 +123,8 @@ def test_a_shell_ticks_twice_in_one_jvm_and_commits_what_separate_commands_do(st
         sh.until_ready()
         first_jvms = sh.jvms()
         assert len(first_jvms) == 1, first_jvms  # --warm: the local session is up before any command
+        # ... and the modules a run imports late are in (the chart's: matplotlib's font library)
+        assert any("matplotlib/ft2font" in m.path for m in psutil.Process(sh.proc.pid).memory_maps())
         assert sh.send(f"produce -p ticky --file {files[0]}")[0] == 0
         code, err = sh.send("wire tick --pipeline ticky")
         assert code == 0, err

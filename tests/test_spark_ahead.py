@@ -168,3 +168,24 @@ def test_a_quiet_pipeline_s_tick_starts_no_jvm_ahead(store, cli_env, tmp_path: P
     out, seen = _tick_watching_java(env)  # its last tick found work: ahead again
     assert "sensor requested no run" in out and seen
     assert_results(store, spec, expected(spec, events))
+
+
+def test_a_tick_killed_as_its_jvm_starts_leaves_no_directory_behind(store, cli_env, tmp_path: Path) -> None:
+    """Killed before its JVM wrote the connection file: the file's directory is in the command's
+    own JVM directory, which the next session's start sweeps (the killed pid is gone), not in
+    the temporary directory for good."""
+    home = new_home(tmp_path)
+    (_spec,), env, _, _ = pipeline_env(tmp_path, local_spark(cli_env), PIPELINE, home=home)
+    tmp, local = tmp_path / "tmp", tmp_path / "spark-local"
+    tmp.mkdir()
+    env = {**env, "TMPDIR": str(tmp), "WIRE_SPARK_LOCAL_DIR": str(local)}
+    p = start_tick(env)  # never ticked: it starts its JVM ahead
+    wait_until(lambda: _java_in(p.pid) or p.poll() is not None, 60, "the tick's JVM to start", every=0.01)
+    os.kill(p.pid, signal.SIGKILL)  # the JVM takes ~1 s to write its connection file
+    p.communicate()
+    wait_until(lambda: not group_members(p.pid), 60, "the killed tick's processes to end")
+    out, err, _ = finish(start_tick(env), 600, "the next tick")
+    assert "sensor requested no run" in out, out + err[-2000:]
+    left = [str(x.relative_to(tmp_path)) for d in (tmp, local) for x in d.rglob("*") if "gateway" in x.name]
+    assert left == [], left
+    assert not list(local.glob(f"jvm-{p.pid}-*")), "the killed command's JVM directory was not swept"

@@ -60,7 +60,10 @@ class Ahead(Generic[S]):
         for k, v in self._opts.items():
             command += ["--conf", f"{k}={v}"]
         command += shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell"))
-        self._dir = tempfile.mkdtemp(prefix="wire-gateway-")
+        # The JVM's connection file, in this process's own JVM directory (`spark.local.dir`, made by
+        # sparksession._jvm_tmpdir): a command killed before the JVM wrote it leaves the directory
+        # to the sweep of the next session's start, not in /tmp for good.
+        self._dir = tempfile.mkdtemp(prefix="gateway-", dir=self._opts.get("spark.local.dir"))
         self._info = os.path.join(self._dir, "conn")
         full = {**env, "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": self._info}
         # stdin a pipe: the JVM ends when it closes, i.e. when this process does, however it ends.

@@ -138,6 +138,26 @@ def test_crash_then_restart_keeps_data(server: EmbeddedS3) -> None:
     assert ObjectStore(cfg, retry_budget=0).get("crash/k") == b"acknowledged"  # readable at once
 
 
+def test_a_server_that_does_not_stop_is_killed_soon_and_keeps_data(server: EmbeddedS3) -> None:
+    """weed's graceful stop now and then waits on a connection indefinitely: SIGKILL comes
+    STOP_GRACE_S after SIGTERM (not 15 s: `wire s3 stop`, the end of `make demo`), and nothing
+    acknowledged is lost. Here the server cannot stop at all (SIGSTOP: SIGTERM stays pending)."""
+    from wire_dagster.embedded import STOP_GRACE_S
+
+    cfg = server.config
+    assert cfg is not None
+    ObjectStore(cfg).put("hung/k", b"acknowledged")
+    pgid = _pid_info(server)["pgid"]
+    os.killpg(pgid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    server.stop()
+    took = time.monotonic() - t0  # stop() returned: nothing of the group runs (a zombie may wait for its reaper)
+    assert f"still running {STOP_GRACE_S:.0f}s after SIGTERM: SIGKILL" in server.log_file.read_text()
+    assert took < 12, f"the stop took {took:.1f} s"  # 15 s and more with the old grace
+    assert server.start() == cfg
+    assert ObjectStore(cfg, retry_budget=0).get("hung/k") == b"acknowledged"
+
+
 def test_stale_pid_file_is_ignored(server: EmbeddedS3) -> None:
     cfg = server.config
     assert cfg is not None

@@ -48,6 +48,13 @@ _PORT_RANGE = (10000, 22000)
 _LOG_ROTATE_BYTES = 20 * 1024 * 1024
 #: Volume slots (SeaweedFS gives each bucket at least one; slots cost no disk until written).
 _VOLUME_SLOTS = 1000
+#: Seconds a stopping weed gets after SIGTERM before SIGKILL. A stop takes ~2.3 s (its volume
+#: server's 1 s pre-stop wait, then the HTTP servers' graceful stop); now and then the volume
+#: server's graceful stop waits on a connection until SIGKILL (3 of ~14 stops on 2026-11-28, the
+#: log's "graceful stop cluster http server ..." its last line), which a 15 s grace made a 15 s
+#: `wire s3 stop` or end of `make demo`. SIGKILL loses nothing acknowledged (weed writes before it
+#: answers; tests/test_embedded.py kills it -9 and reads back).
+STOP_GRACE_S = 5.0
 
 
 def weed_binary() -> Path:
@@ -348,7 +355,7 @@ class EmbeddedS3(GroupOwner):
             return ""
 
     # ------------------------------------------------------------ stop
-    def stop(self, grace: float = 15) -> None:
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
         """No process of this directory's server is left: SIGTERM to its group, SIGKILL after `grace` s."""
         with self._locked():
             info = self._read_pid()

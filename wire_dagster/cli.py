@@ -913,6 +913,7 @@ def demo():
     """The main job end to end on the embedded default."""
     from .demo import run_demo
 
+    _spark_ahead()  # its JVM starts while the demo starts the store and produces its first batch
     run_demo(console=out, pipelines=project_pipelines(), tick=_tick)
 
 

@@ -261,6 +261,8 @@ class EmbeddedS3(GroupOwner):
             # Every bucket takes a volume slot of its own; the default (free disk / 1 GiB)
             # can be a handful, after which writes to new buckets fail with 500.
             f"-volume.max={_VOLUME_SLOTS}",
+            # One volume server and its master in one process: nothing to tell before it stops.
+            "-volume.preStopSeconds=0",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(AWS_ACCESS_KEY_ID=access, AWS_SECRET_ACCESS_KEY=secret)

@@ -23,6 +23,7 @@ from .errors import WireError
 from .manifest import Counts, Manifest
 from .objectstore import ObjectStore, s3_client
 from .results import output_schema
+from .sparkconf import env_switch
 from .spec import Aggregate, Pipeline
 from .status import describe_epoch, size_text, watermark_lag
 from .timeutil import INF, NEG_INF, format_duration, iso
@@ -390,7 +391,7 @@ CHART_LINKS_ENV = "WIRE_CHART_LINKS"
 
 
 def chart_links() -> bool:
-    return os.environ.get(CHART_LINKS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch(CHART_LINKS_ENV)
 
 
 def chart_key(spec: Pipeline, epoch: int) -> str:

@@ -7,8 +7,8 @@ For every size and key count, benchmarks/nexmark.py writes one seeded event set 
 auctions, bids in the 1:3:46 mix). Then:
 
 - **Wire** runs the example pipelines of pipelines/nexmark/ as files, as a user runs them:
-  the three shared streams produced once (`wire produce --stream S` of every segment's file,
-  one process per stream; `wire close --stream S`), then for each query its stages in
+  the three shared streams produced once (`wire produce --stream S --close` of every segment's
+  file, one process per stream: appended, then closed), then for each query its stages in
   dependency order (q5: q5_counts → q5_max → q5; q7: q7_max → q7, whose tick first ticks the
   pipeline reading its raw bids, nexmark_q7__bids; q8: q8_persons,
   q8_auctions → q8; q11: one stage), each stage `wire tick`ed until its sensor requests no
@@ -149,7 +149,7 @@ class WireSide:
     servers: list[int]
     run: Runner  # one `wire` command, measured: a process each (cold), or the pairing's shell (warm)
     shell: WireShell | None = None
-    ingest: dict[str, list[Measured]] = field(default_factory=dict)  # stream -> produce, close
+    ingest: dict[str, list[Measured]] = field(default_factory=dict)  # stream -> its `produce --close`
     stages: dict[str, Stage] = field(default_factory=dict)
     results: dict[str, list[tuple]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # query -> the failed command's cause
@@ -165,10 +165,9 @@ def wire_ingest(w: WireSide, cfg: Config, data: Path, streams: list[str], tmp: P
     for s in streams:
         files = sorted((data / "wire").glob(f"{s}-s*.parquet"))
         args = [a for f in files for a in ("--file", str(f), "--segment", f.stem.rsplit("-s", 1)[1])]
-        prod = w.run(["produce", "--stream", s, *args, "--chunk-rows", str(cfg.chunk_rows)])
-        close = w.run(["close", "--stream", s])
-        w.ingest[s] = [prod, close]
-        log(f"  wire ({w.pairing}) produce {s}: {prod.wall:.1f} s, close {close.wall:.1f} s")
+        prod = w.run(["produce", "--stream", s, *args, "--chunk-rows", str(cfg.chunk_rows), "--close"])
+        w.ingest[s] = [prod]
+        log(f"  wire ({w.pairing}) produce --close {s}: {prod.wall:.1f} s")
 
 
 def wire_query(w: WireSide, q: str, tmp: Path) -> None:
@@ -439,7 +438,7 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
     out += [f"- {n}" for n in notes]
     out.append("")
     out.append(
-        "**Wire s** = the `wire tick`s of the query's stages that launched runs + `wire produce` and `wire close` of "
+        "**Wire s** = the `wire tick`s of the query's stages that launched runs + the `wire produce --close` of "
         "the streams the query reads (the ingest each query would pay alone; in the *all four* row each stream's "
         "ingest counts once); the last, empty tick of each stage is listed apart below. **Spark SS s**: cold = the "
         "whole process (JVM and session start, the query, stop); warm = the query's second run in one session. "
@@ -564,9 +563,8 @@ def report(cases: list[Case], args, t_total: float, sampler, notes: list[str]) -
             )
             body = []
             for pairing, w in c.wire.items():
-                for s, (prod, close) in w.ingest.items():
-                    body.append([pairing, f"produce + close {s}", "", f"{prod.wall:.1f} + {close.wall:.1f}", "", ""])
-                    body[-1][-1] = f"{prod.cpu + close.cpu:.0f}"
+                for s, (prod,) in w.ingest.items():
+                    body.append([pairing, f"produce --close {s}", "", f"{prod.wall:.1f}", "", f"{prod.cpu:.0f}"])
                 for name, st in w.stages.items():
                     body.append(
                         [

@@ -324,3 +324,43 @@ def test_a_closed_stream_refuses_new_events_in_any_segment(
     assert sealed_seq(store, "clicks", "late") == 0
     views = read_stream(store, "clicks", {})
     assert sorted(views) == ["a", "late"] and all(v.sealed_at is not None for v in views.values())
+
+
+def test_produce_close_appends_then_closes_and_a_failed_append_closes_nothing(
+    store: ObjectStore, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`wire produce --close` is `wire produce` then `wire close` in one command: every file
+    appended, then every segment of the stream sealed after its last chunk and the stream marked
+    closed, so the next produce is refused. A produce that fails (here a file that is no Parquet,
+    checked before anything is appended) exits 2 with its one line and leaves the stream open and
+    unchanged; `--stream` closes a shared stream by name the same way."""
+    from wire_dagster.streams import closed_key, is_closed, last_seq, list_segments, sealed_seq
+
+    a = _jsonl(tmp_path / "a.jsonl", [_event(i) for i in range(5)])
+    b = _jsonl(tmp_path / "b.jsonl", [_event(i) for i in range(5, 9)])
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not a Parquet file")
+    base = ["produce", "--pipeline", "clicks", "--chunk-rows", "2"]
+
+    failed = run_wire([*base, "--file", str(a), "--file", str(bad), "--segment", "a", "--close"], cli_env)
+    _assert_one_line_error("bad file", failed, 2, "bad.parquet")
+    assert _keys(store) == [] and not is_closed(store, "clicks")
+
+    p = run_wire([*base, "--file", str(a), "--segment", "a", "--file", str(b), "--segment", "b", "--close"], cli_env)
+    assert p.returncode == 0, p.stderr
+    assert "appended 5 events in 3 chunks to clicks/a" in p.stdout
+    assert "appended 4 events in 2 chunks to clicks/b" in p.stdout
+    assert p.stdout.strip().splitlines()[-1] == "sealed 2 segments of clicks: a@2, b@1"
+    assert store.exists(closed_key("clicks"))
+    assert list_segments(store, "clicks") == ["a", "b"]
+    assert all(sealed_seq(store, "clicks", s) == last_seq(store, "clicks", s) for s in ("a", "b"))
+    again = run_wire([*base, "--file", str(a), "--segment", "c"], cli_env)
+    _assert_one_line_error("after --close", again, 2, "stream 'clicks' is closed")
+
+    bids = [{"date_time": START + 1000 * i, "bid_id": i, "auction": i % 2, "price": i} for i in range(3)]
+    shared = run_wire(
+        ["produce", "--stream", "bids", "--file", str(_jsonl(tmp_path / "b.jsonl", bids)), "--close"], cli_env
+    )
+    assert shared.returncode == 0, shared.stderr
+    assert shared.stdout.strip().splitlines()[-1] == "sealed 1 segments of bids: 0@0"
+    assert is_closed(store, "bids")

@@ -202,13 +202,20 @@ def produce(
         help="Rows per chunk at most (default: the pipeline's limits.chunk_rows); a chunk also ends "
         "at limits.chunk_bytes of records.",
     ),
+    close_after: bool = typer.Option(
+        False,
+        "--close",
+        metavar="",
+        help="Then close the stream, as `wire close` does (bounded data: its watermark becomes final).",
+    ),
 ):
     """Append the events of each FILE to a stream as chunks: the pipeline's (--pipeline: records
     its checks refuse are dead letters now) or a shared one (--stream: only the stream's time and
     id are checked now; each pipeline that reads it checks the rest where it reads).
 
     Several files go in one command (one process): every file is checked before anything is
-    appended, and different segments are appended side by side."""
+    appended, and different segments are appended side by side. `--close` then closes the stream
+    in the same command, once every file is appended; a failed append closes nothing."""
     from .spec import check_name
     from .streams import produce_files, producer_spec
 
@@ -241,6 +248,8 @@ def produce(
             + (f" (chunks {rep.chunks[0]}..{rep.chunks[-1]})" if rep.chunks else "")
             + (f"; {rep.malformed} malformed records went to the dead letters" if rep.malformed else "")
         )
+    if close_after:
+        _close(store, spec if pipeline else None, spec.stream)
 
 
 @app.command(cls=_Command)
@@ -250,16 +259,21 @@ def close(
 ):
     """Seal every segment of a stream (bounded data is a stream that closes)."""
     from .spec import check_name
-    from .streams import close_stream
 
     if bool(pipeline) == bool(stream):
         raise WireInputError("close: give --pipeline P (its stream) or --stream S")
-    from .landing import adopt_and_close, landing_readers
-    from .spec import pipelines_dir, readers_of
-
     spec = _spec(pipeline) if pipeline else None
     name = spec.own_stream("close") if spec else check_name(stream, "--stream")
-    store = _store()
+    _close(_store(), spec, name)
+
+
+def _close(store, spec, name: str) -> None:
+    """`wire close` of stream `name` (pipeline `spec`'s own, or a shared one when None), and of
+    `wire produce --close` after its appends."""
+    from .landing import adopt_and_close, landing_readers
+    from .spec import pipelines_dir, readers_of
+    from .streams import close_stream
+
     # A stream with a landing prefix adopts what landed (a rescan) before its segments are sealed.
     readers = landing_readers(spec) if spec else readers_of(name, pipelines_dir())
     landed = [r for r in readers if r.landing and r.stream == name]

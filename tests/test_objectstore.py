@@ -325,3 +325,40 @@ def test_arrow_multipart_upload(store: ObjectStore) -> None:
     wrong = arrow_fs_from_options({**store.fs_options(), "secret_key": "nope-nope-nope"})
     with pytest.raises(OSError):
         pq.read_table(path, filesystem=wrong)
+
+
+def test_response_times_are_botocores_without_dateutil(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3's times (a listing's ISO 8601 LastModified, a GET's and a HEAD's HTTP date) are read
+    without dateutil's general parser, ~0.1 ms each, and mean the instant botocore's own parser
+    (`parse_timestamp`) reads: for the forms S3 sends and the others it accepts."""
+    import dateutil.parser
+    from botocore.utils import parse_timestamp
+
+    from wire_dagster.objectstore import response_time
+
+    for v in (
+        "2026-11-28T22:51:00.000Z",
+        "2026-11-28T22:51:00.123Z",
+        "2026-11-28T22:51:00Z",
+        "2026-11-28T22:51:00+01:00",
+        "Sat, 28 Nov 2026 22:51:00 GMT",
+        "Sun, 06 Nov 1994 08:49:37 GMT",
+        "2026-11-28 22:51:00Z",
+        1_700_000_000,
+        "1700000000.5",
+    ):
+        assert response_time(v).timestamp() == parse_timestamp(v).timestamp(), v
+
+    store.put("times/a", b"x")
+    calls = []
+    parse = dateutil.parser.parse
+    monkeypatch.setattr(dateutil.parser, "parse", lambda *a, **kw: calls.append(a) or parse(*a, **kw))
+    (listed,) = store.list("times/")
+    head = store.head("times/a")
+    got = store.get_with_info("times/a")  # one GET: body, ETag, Last-Modified
+    assert calls == []
+    assert got is not None
+    got_ms = got[2]
+    assert head is not None and head.last_modified_ms == got_ms  # both from the HTTP date: whole seconds
+    assert got_ms // 1000 == listed.last_modified_ms // 1000  # the listing's: its milliseconds too
+    assert abs(listed.last_modified_ms - time.time() * 1000) < 60_000

@@ -28,12 +28,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, quote_plus, urlsplit
 
 import boto3
 import botocore.exceptions as bexc
+import botocore.session
 from botocore.config import Config
+from botocore.utils import parse_timestamp
 
 from .errors import ObjectExists, ObjectNotFound, ObjectStoreError, WireInputError
 
@@ -219,12 +223,32 @@ def s3_client(**kwargs: Any):
     """An S3 client of the process's one boto3 session: a session parses S3's service model once
     and keeps it, where a new session per store parsed it again (~50 ms a store; a `wire tick` and
     its run make several). Credentials are given per client, never taken from the session. The
-    lock: a session is not thread-safe (its clients are)."""
+    lock: a session is not thread-safe (its clients are). Its clients read times with
+    `response_time` (botocore's response parser default)."""
     global _SESSION
     with _SESSION_LOCK:
         if _SESSION is None:
-            _SESSION = boto3.Session()
+            core = botocore.session.get_session()
+            core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=response_time)
+            _SESSION = boto3.Session(botocore_session=core)
         return _SESSION.client("s3", **kwargs)
+
+
+def response_time(value: Any) -> datetime:
+    """A time in an S3 response, as botocore's own parser reads it (`parse_timestamp`), but read
+    by the standard library where it is ISO 8601 (every listed object's LastModified:
+    `datetime.fromisoformat`) or an HTTP date in GMT (a GET's or HEAD's Last-Modified header:
+    `email.utils.parsedate_to_datetime`): botocore gives each to dateutil's general parser, ~0.1
+    ms, 40 % of a listing's CPU in this process."""
+    if isinstance(value, str):
+        try:
+            if "T" in value and value[:4].isdigit():
+                return datetime.fromisoformat(value)
+            if value.endswith(" GMT"):
+                return parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            pass
+    return parse_timestamp(value)
 
 
 class ObjectStore:

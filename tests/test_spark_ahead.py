@@ -87,15 +87,18 @@ if AHEAD:
     assert "JVM ended: True" in ahead.stdout
 
 
-def _java_in(pgid: int) -> list[int]:
-    """The java processes of process group `pgid`."""
+def _java_in(pgid: int, driver: bool = False) -> list[int]:
+    """The java processes of process group `pgid`; with `driver`, the Spark driver's only, not
+    spark-submit's launcher (a JVM of its own for ~0.1 s that prints the command the script then
+    execs: seen, it may be gone before the driver's shows)."""
     out = []
     for pid in group_members(pgid) or []:
         try:
             exe = os.readlink(f"/proc/{pid}/exe")
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if os.path.basename(exe) == "java":
+        if os.path.basename(exe) == "java" and not (driver and b"org.apache.spark.launcher.Main" in args):
             out.append(pid)
     return out
 
@@ -104,8 +107,8 @@ def _kill_while_it_starts(p: subprocess.Popen, rng: random.Random, what: str) ->
     """Once the tick's JVM shows (launched before Dagster loads), kill -9 the tick's process only
     (as an operator kills a pid) at a random moment of the next 4 s: while its session starts, or
     while its run computes; then its JVM and Python workers must end by themselves."""
-    wait_until(lambda: _java_in(p.pid) or p.poll() is not None, 60, f"{what}: the tick's JVM to start", every=0.05)
-    assert _java_in(p.pid), f"{what}: the tick ended ({p.poll()}) before its JVM showed"
+    wait_until(lambda: _java_in(p.pid, driver=True) or p.poll() is not None, 60, f"{what}: the JVM", every=0.05)
+    assert _java_in(p.pid, driver=True), f"{what}: the tick ended ({p.poll()}) before its JVM showed"
     try:
         p.wait(timeout=rng.uniform(0.0, 4.0))
     except subprocess.TimeoutExpired:

@@ -359,7 +359,7 @@ def test_produce_close_appends_then_closes_and_a_failed_append_closes_nothing(
 
     bids = [{"date_time": START + 1000 * i, "bid_id": i, "auction": i % 2, "price": i} for i in range(3)]
     shared = run_wire(
-        ["produce", "--stream", "bids", "--file", str(_jsonl(tmp_path / "b.jsonl", bids)), "--close"], cli_env
+        ["produce", "--stream", "bids", "--file", str(_jsonl(tmp_path / "bids.jsonl", bids)), "--close"], cli_env
     )
     assert shared.returncode == 0, shared.stderr
     assert shared.stdout.strip().splitlines()[-1] == "sealed 1 segments of bids: 0@0"
